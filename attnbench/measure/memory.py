@@ -1,0 +1,91 @@
+"""Deterministic memory accounting: the peak bytes of tensor storage alive during a call.
+
+``tracemalloc`` does not see torch tensors and RSS never goes down, so on the CPU attnbench counts
+storage itself: a dispatch mode sees every tensor an operator returns (forward and, on the CPU,
+backward too, since autograd runs CPU backward on the calling thread), adds its storage's bytes
+when first seen and subtracts them when the storage is freed. Tensors that existed before the
+measured region (the inputs) are not counted. Scratch buffers that a fused kernel allocates
+internally without returning them are not seen either; they are small for the kernels here
+(per-thread tiles), but the method's name travels with every number so a reader knows.
+
+On CUDA, :func:`cuda_peak` uses the allocator's own peak statistic instead.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+METHOD_CPU = "dispatch-live-bytes"
+METHOD_CUDA = "cuda-max-allocated"
+
+
+class LiveBytes(TorchDispatchMode):
+    """Context manager counting the live and peak bytes of storages created inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._seen: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self._track(t)
+        return out
+
+    def _track(self, t: torch.Tensor) -> None:
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        key = id(storage)
+        nbytes = storage.nbytes()
+        if key in self._seen or nbytes == 0:
+            return
+        self._seen.add(key)
+        self.live += nbytes
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(storage, self._free, key, nbytes)
+
+    def _free(self, key: int, nbytes: int) -> None:
+        if key in self._seen:
+            self._seen.discard(key)
+            self.live -= nbytes
+
+
+@dataclass(frozen=True)
+class PeakMemory:
+    bytes: int
+    method: str
+
+
+def cpu_peak(fn: Callable[[], object]) -> PeakMemory:
+    """Peak bytes of tensor storage created while ``fn()`` runs (what it returns included)."""
+    with LiveBytes() as counter:
+        result = fn()
+        del result
+    return PeakMemory(counter.peak, METHOD_CPU)
+
+
+def cuda_peak(fn: Callable[[], object], device: torch.device) -> PeakMemory:
+    """Peak bytes above what was allocated before ``fn()`` ran, from the CUDA allocator."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    result = fn()
+    torch.cuda.synchronize(device)
+    del result
+    return PeakMemory(torch.cuda.max_memory_allocated(device) - base, METHOD_CUDA)
+
+
+def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> PeakMemory:
+    device = torch.device(device)
+    return cuda_peak(fn, device) if device.type == "cuda" else cpu_peak(fn)

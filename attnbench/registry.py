@@ -1,0 +1,51 @@
+"""The registry: every mechanism attnbench knows, in the order ``attnbench list`` shows them.
+
+To add a mechanism, write ``attnbench/variants/<name>.py`` with its paths and a ``Mechanism``
+record, then add one line to ``MECHANISMS`` below. Tests, ``list`` and the suites pick it up.
+"""
+
+from __future__ import annotations
+
+from attnbench.errors import unknown
+from attnbench.spec import Mechanism
+from attnbench.variants import flash_tiled, grouped, logn_softmax, softmax
+
+MECHANISMS: tuple[Mechanism, ...] = (
+    softmax.MECHANISM,
+    logn_softmax.MECHANISM,
+    flash_tiled.MECHANISM,
+    grouped.MQA,
+    grouped.GQA,
+)
+
+
+def _index() -> dict[str, Mechanism]:
+    names: dict[str, Mechanism] = {}
+    for mech in MECHANISMS:
+        for name in (mech.name, *mech.aliases):
+            if name in names:
+                raise RuntimeError(f"two mechanisms are registered as {name!r}")
+            names[name] = mech
+    return names
+
+
+_BY_NAME = _index()
+
+
+def names() -> list[str]:
+    """Registered mechanism names, in registry order (aliases not included)."""
+    return [m.name for m in MECHANISMS]
+
+
+def get(name: str | Mechanism) -> Mechanism:
+    """The mechanism called ``name`` (or one of its aliases); an error suggests close names."""
+    if isinstance(name, Mechanism):
+        return name
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise unknown("mechanism", name, names()) from None
+
+
+def families() -> list[str]:
+    return list(dict.fromkeys(m.family for m in MECHANISMS))

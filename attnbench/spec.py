@@ -1,0 +1,339 @@
+"""The declarative records the registry is made of.
+
+A :class:`Mechanism` says what an attention mechanism is (name, family, source, parameters,
+capabilities, complexity, extra inputs) and which :class:`Path` functions compute it. Every path
+function has the same calling convention::
+
+    fn(q, k, v, *, causal: bool, **params, **extra_inputs) -> o
+
+with ``q`` of shape ``[B, H, T, D]``, ``k`` of shape ``[B, Hkv, T, D]``, ``v`` of shape
+``[B, Hkv, T, Dv]`` and ``o`` of shape ``[B, H, T, Dv]`` (SDPA's layout). ``params`` holds every
+parameter of the mechanism, resolved to its value, so a path may ignore the ones it does not need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+
+from attnbench.errors import AttnbenchError, unknown
+
+PathKind = Literal["reference", "efficient", "fused"]
+PATH_KINDS: tuple[str, ...] = ("reference", "efficient", "fused")
+ALL_DTYPES = (torch.float64, torch.float32, torch.bfloat16, torch.float16)
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters
+# --------------------------------------------------------------------------------------------
+
+
+def parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(text)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of a mechanism.
+
+    ``valid`` decides whether a value is accepted and ``accepted`` says in words what is, for the
+    error message (``"an integer >= 1"``). ``parse`` turns command-line text into a value; by
+    default the type of ``default`` is used.
+    """
+
+    name: str
+    default: Any
+    help: str
+    accepted: str = ""
+    valid: Callable[[Any], bool] | None = None
+    parse: Callable[[str], Any] | None = None
+    choices: tuple[Any, ...] = ()
+
+    def coerce(self, value: Any, owner: str) -> Any:
+        """Parse (if text) and validate one value; raise AttnbenchError naming the parameter."""
+        accepted = self.accepted or (
+            f"one of {', '.join(map(str, self.choices))}"
+            if self.choices
+            else type(self.default).__name__
+        )
+        bad = AttnbenchError(f"{owner}: invalid {self.name}={value!r}; accepted: {accepted}")
+        if isinstance(value, str) and not isinstance(self.default, str):
+            try:
+                value = self._parse_text(value)
+            except (ValueError, TypeError):
+                raise bad from None
+        elif isinstance(self.default, bool):
+            if not isinstance(value, bool):
+                raise bad
+        elif isinstance(self.default, int) and not isinstance(self.default, bool):
+            if isinstance(value, bool) or not isinstance(value, int):
+                if isinstance(value, float) and value.is_integer():
+                    value = int(value)
+                else:
+                    raise bad
+        elif isinstance(self.default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise bad
+            value = float(value)
+        if self.choices and value not in self.choices:
+            raise bad
+        if self.valid is not None and not self.valid(value):
+            raise bad
+        return value
+
+    def _parse_text(self, text: str) -> Any:
+        if self.parse is not None:
+            return self.parse(text)
+        if isinstance(self.default, bool):
+            return parse_bool(text)
+        if isinstance(self.default, int):
+            return int(text)
+        if isinstance(self.default, float):
+            return float(text)
+        raise TypeError(f"no parser for {self.name}")
+
+
+def positive_int(name: str, default: int, help: str) -> Param:
+    """An integer parameter that must be >= 1 (window sizes, strides, chunk sizes)."""
+    return Param(name, default, help, accepted="an integer >= 1", valid=lambda x: x >= 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Shapes and extra inputs
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The shape of one call: q is [batch, heads, seq_len, head_dim], k is [batch, kv_heads,
+    seq_len, head_dim], v is [batch, kv_heads, seq_len, value_dim]."""
+
+    batch: int
+    heads: int
+    seq_len: int
+    head_dim: int
+    kv_heads: int | None = None  # None: same as heads
+    value_dim: int | None = None  # None: same as head_dim
+
+    @property
+    def hkv(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def dv(self) -> int:
+        return self.head_dim if self.value_dim is None else self.value_dim
+
+    def tag(self) -> str:
+        """A test id that spells the shape out: ``B2-H3-T97-D32``."""
+        extra = f"-KV{self.kv_heads}" if self.kv_heads is not None else ""
+        extra += f"-DV{self.value_dim}" if self.value_dim is not None else ""
+        return f"B{self.batch}-H{self.heads}-T{self.seq_len}-D{self.head_dim}{extra}"
+
+
+@dataclass(frozen=True)
+class ExtraInput:
+    """A tensor a mechanism needs besides q, k, v (a learned position bias, decays, projections).
+
+    ``role="parameter"``: a learned weight (a layer holds it as an ``nn.Parameter``);
+    ``role="input"``: an activation computed from x, like q (a layer must compute it itself).
+    ``shape`` maps the call's :class:`Shape` and resolved params to the tensor's shape; ``when``
+    says whether the input is used with these params at all (factorised vs full bias).
+    """
+
+    name: str
+    doc: str
+    shape: Callable[[Shape, Mapping[str, Any]], tuple[int, ...]]
+    role: Literal["parameter", "input"] = "parameter"
+    init_std: float = 1.0
+    when: Callable[[Mapping[str, Any]], bool] = lambda params: True
+
+
+# --------------------------------------------------------------------------------------------
+# Paths
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """Something a path needs from the machine; ``check`` returns None when met, else why not."""
+
+    name: str
+    check: Callable[[torch.device, bool], str | None]
+
+
+@dataclass(frozen=True)
+class Path:
+    """One way to compute a mechanism.
+
+    kind ``reference``: the dense, obviously right oracle that builds the n x n matrix;
+    ``efficient``: a faster path in plain PyTorch that runs anywhere; ``fused``: a fused kernel
+    (SDPA backend, FlexAttention, Triton) that may need a GPU.
+    """
+
+    name: str
+    kind: PathKind
+    fn: Callable[..., torch.Tensor]
+    memory: str
+    requires: tuple[Requirement, ...] = ()
+    note: str = ""
+
+    def unavailable(self, device: torch.device | str = "cpu", backward: bool = False) -> str | None:
+        """Why this path cannot run on ``device`` (None when it can)."""
+        device = torch.device(device)
+        for req in self.requires:
+            reason = req.check(device, backward)
+            if reason:
+                return reason
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# Mechanisms
+# --------------------------------------------------------------------------------------------
+
+
+def dense_pattern(n: int, causal: bool, params: Mapping[str, Any]) -> torch.Tensor:
+    """Every query sees every key (its own and earlier ones when causal)."""
+    full = torch.ones(n, n, dtype=torch.bool)
+    return full.tril() if causal else full
+
+
+def dense_pair_count(n: int, causal: bool, params: Mapping[str, Any]) -> int:
+    return n * (n + 1) // 2 if causal else n * n
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """A declarative record of one attention mechanism. See the module docstring for the calling
+    convention of its paths; :mod:`attnbench.api` validates inputs and dispatches to a path."""
+
+    name: str
+    family: str
+    description: str
+    source: str
+    paths: tuple[Path, ...]
+    params: tuple[Param, ...] = ()
+    extra_inputs: tuple[ExtraInput, ...] = ()
+    causal: bool = True
+    bidirectional: bool = True
+    backward: bool = True
+    dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
+    time: str = "O(n^2 d)"
+    memory: str = "O(n^2)"
+    #: Cross-parameter checks; returns an error message or None.
+    check_params: Callable[[Mapping[str, Any]], str | None] | None = None
+    #: Checks on the actual tensors beyond the common ones; returns an error message or None.
+    check_inputs: (
+        Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Mapping[str, Any]], str | None] | None
+    ) = None
+    #: Shape this mechanism really uses for a requested benchmark shape (e.g. MQA: kv_heads=1).
+    adapt_shape: Callable[[Shape, Mapping[str, Any]], Shape] | None = None
+    #: Which (query, key) pairs are attended: boolean [n, n], True where query i sees key j.
+    pattern: Callable[[int, bool, Mapping[str, Any]], torch.Tensor] = dense_pattern
+    #: Exact number of attended pairs for length n, computed without building the n x n matrix.
+    pair_count: Callable[[int, bool, Mapping[str, Any]], int] = dense_pair_count
+    #: Forward FLOPs of one call; None means 2 * B * H * pairs * (D + Dv) (QK^T and PV).
+    flops: Callable[[Shape, bool, Mapping[str, Any]], int] | None = None
+    #: A layer factory for mechanisms that are whole layers or need their own projections;
+    #: None means the generic :class:`attnbench.layers.AttentionMixer`.
+    layer: Callable[..., torch.nn.Module] | None = None
+    #: Whether the mechanism lets K/V have fewer heads than Q (MQA/GQA).
+    shares_kv: bool = False
+    #: Whether query and key length may differ (otherwise T_q must equal T_k).
+    cross: bool = False
+    notes: str = ""
+    aliases: tuple[str, ...] = field(default=())
+
+    # -- paths ---------------------------------------------------------------------------------
+    @property
+    def path_names(self) -> list[str]:
+        return [p.name for p in self.paths]
+
+    @property
+    def reference(self) -> Path:
+        return next(p for p in self.paths if p.kind == "reference")
+
+    @property
+    def default_path(self) -> Path:
+        """The path used when none is asked for: the first efficient one, else the reference."""
+        return next((p for p in self.paths if p.kind == "efficient"), self.reference)
+
+    def path(self, name: str) -> Path:
+        for p in self.paths:
+            if p.name == name:
+                return p
+        raise AttnbenchError(
+            f"{self.name} has no path {name!r}; available: {', '.join(self.path_names)}"
+        )
+
+    def select_path(
+        self, name: str | None, device: torch.device | str = "cpu", backward: bool = False
+    ) -> Path:
+        """The path to run, or an error that says why it cannot run here and what can."""
+        path = self.default_path if name is None else self.path(name)
+        reason = path.unavailable(device, backward)
+        if reason:
+            ok = [p.name for p in self.paths if not p.unavailable(device, backward)]
+            raise AttnbenchError(
+                f"{self.name}:{path.name} cannot run here: {reason}; "
+                f"paths that can: {', '.join(ok) or 'none'}"
+            )
+        return path
+
+    # -- params --------------------------------------------------------------------------------
+    @property
+    def param_names(self) -> list[str]:
+        return [p.name for p in self.params]
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params}
+
+    def resolve(self, overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Defaults updated with ``overrides`` (values or command-line text), all validated."""
+        overrides = dict(overrides or {})
+        out = {}
+        by_name = {p.name: p for p in self.params}
+        for key in overrides:
+            if key not in by_name:
+                known = self.param_names
+                if not known:
+                    raise AttnbenchError(f"{self.name} takes no parameters (got {key!r})")
+                raise unknown(f"parameter of {self.name}", key, known)
+        for p in self.params:
+            out[p.name] = (
+                p.coerce(overrides[p.name], self.name) if p.name in overrides else p.default
+            )
+        if self.check_params is not None:
+            problem = self.check_params(out)
+            if problem:
+                raise AttnbenchError(f"{self.name}: {problem}")
+        return out
+
+    # -- shapes, inputs, counts ----------------------------------------------------------------
+    def shape_for(self, shape: Shape, params: Mapping[str, Any]) -> Shape:
+        return self.adapt_shape(shape, params) if self.adapt_shape else shape
+
+    def extras_for(self, params: Mapping[str, Any]) -> tuple[ExtraInput, ...]:
+        return tuple(e for e in self.extra_inputs if e.when(params))
+
+    def count_pairs(self, n: int, causal: bool, params: Mapping[str, Any] | None = None) -> int:
+        return self.pair_count(n, causal, self.resolve(params) if params is None else params)
+
+    def forward_flops(self, shape: Shape, causal: bool, params: Mapping[str, Any]) -> int:
+        """Forward FLOPs, counted exactly for the pattern (a multiply-add counts as 2)."""
+        if self.flops is not None:
+            return int(self.flops(shape, causal, params))
+        pairs = self.pair_count(shape.seq_len, causal, params)
+        return 2 * shape.batch * shape.heads * pairs * (shape.head_dim + shape.dv)
+
+    def complexity_summary(self) -> str:
+        return f"time {self.time}, memory {self.memory}"

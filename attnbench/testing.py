@@ -1,0 +1,108 @@
+"""How a faster path is judged against its reference: flash-attention's rule, in one place.
+
+The oracle is the reference path run in float64 on the same inputs. The baseline is the reference
+path run naively in the test dtype. A path passes when its error against the oracle is at most
+``FACTOR_OUTPUT`` (outputs) or ``FACTOR_GRAD`` (gradients) times the baseline's own error, plus a
+small floor per dtype (the baseline's error can be zero or luckily tiny: in float64 the baseline
+*is* the oracle). Errors are max-abs; the floor is relative to the oracle's max-abs, and never
+below the floor of a unit-scale tensor (an all-zero oracle, e.g. dq at T = 1, must not make every
+rounding error infinitely large). Inputs are N(0, 1), so tensors are of order one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+FACTOR_OUTPUT = 2.0
+FACTOR_GRAD = 3.0
+
+#: Relative error floor per dtype: about 2^-(mantissa bits - 4), i.e. 16 units in the last place
+#: (sums over hundreds of terms in another order differ by a few ulps).
+FLOOR: dict[torch.dtype, float] = {
+    torch.float64: 2.0**-48,
+    torch.float32: 2.0**-19,
+    torch.float16: 2.0**-6,
+    torch.bfloat16: 2.0**-4,
+}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    error: float  # the path's max-abs error against the oracle
+    baseline: float  # the naive same-dtype reference's max-abs error
+    allowed: float
+    ok: bool
+
+    def __str__(self) -> str:
+        return (
+            f"{self.name}: error {self.error:.3g} vs allowed {self.allowed:.3g} "
+            f"(naive baseline {self.baseline:.3g})"
+        )
+
+
+def max_error(x: Tensor, oracle: Tensor) -> float:
+    if x.numel() == 0:
+        return 0.0
+    return (x.double() - oracle).abs().max().item()
+
+
+def judge(name: str, fast: Tensor, baseline: Tensor, oracle: Tensor, factor: float) -> Verdict:
+    e_fast = max_error(fast, oracle)
+    e_base = max_error(baseline, oracle)
+    scale = max(oracle.abs().max().item() if oracle.numel() else 0.0, 1.0)
+    allowed = factor * e_base + FLOOR[fast.dtype] * scale
+    ok = e_fast <= allowed and bool(torch.isfinite(fast).all())
+    return Verdict(name, e_fast, e_base, allowed, ok)
+
+
+def run_with_grads(
+    fn: Callable[..., Tensor], inputs: Mapping[str, Tensor], grad_out: Tensor, kwargs: Mapping
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Output and the gradient of <output, grad_out> for every input that requires grad."""
+    leaves = {k: v.detach().clone().requires_grad_(v.requires_grad) for k, v in inputs.items()}
+    o = fn(**leaves, **kwargs)
+    wants = [k for k, v in leaves.items() if v.requires_grad]
+    grads = torch.autograd.grad(
+        o, [leaves[k] for k in wants], grad_out.to(o.dtype), allow_unused=True
+    )
+    return o.detach(), {
+        k: (g if g is not None else torch.zeros_like(leaves[k]))
+        for k, g in zip(wants, grads, strict=True)
+    }
+
+
+def compare_paths(
+    fast: Callable[..., Tensor],
+    reference: Callable[..., Tensor],
+    inputs: Mapping[str, Tensor],
+    kwargs: Mapping,
+    *,
+    seed: int = 1,
+    backward: bool = True,
+) -> list[Verdict]:
+    """Judge ``fast`` against ``reference`` on ``inputs`` (outputs and, if asked, gradients)."""
+    dtype = inputs["q"].dtype
+    oracle_inputs = {k: v.detach().double().requires_grad_(backward) for k, v in inputs.items()}
+    test_inputs = {k: v.detach().requires_grad_(backward) for k, v in inputs.items()}
+    if not backward:
+        with torch.no_grad():
+            o_ref = reference(**oracle_inputs, **kwargs)
+            o_base = reference(**test_inputs, **kwargs)
+            o_fast = fast(**test_inputs, **kwargs)
+        return [judge("output", o_fast, o_base, o_ref, FACTOR_OUTPUT)]
+    with torch.no_grad():
+        probe = reference(**test_inputs, **kwargs)
+    gen = torch.Generator().manual_seed(seed)
+    grad_out = torch.randn(probe.shape, generator=gen, dtype=torch.float64)
+    o_ref, g_ref = run_with_grads(reference, oracle_inputs, grad_out, kwargs)
+    o_base, g_base = run_with_grads(reference, test_inputs, grad_out.to(dtype), kwargs)
+    o_fast, g_fast = run_with_grads(fast, test_inputs, grad_out.to(dtype), kwargs)
+    verdicts = [judge("output", o_fast, o_base, o_ref, FACTOR_OUTPUT)]
+    for name in g_ref:
+        verdicts.append(judge(f"d{name}", g_fast[name], g_base[name], g_ref[name], FACTOR_GRAD))
+    return verdicts

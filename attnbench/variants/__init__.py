@@ -1,0 +1,1 @@
+"""One module per mechanism (or per family): its reference, its faster paths, and its record."""
