@@ -236,8 +236,13 @@ class Mechanism:
     ) = None
     #: Shape this mechanism really uses for a requested benchmark shape (e.g. MQA: kv_heads=1).
     adapt_shape: Callable[[Shape, Mapping[str, Any]], Shape] | None = None
-    #: Which (query, key) pairs are attended: boolean [n, n], True where query i sees key j.
-    pattern: Callable[[int, bool, Mapping[str, Any]], torch.Tensor] = dense_pattern
+    #: The literal rule of a sparse pattern, elementwise: ``visible(i, j, n, causal, params)``
+    #: -> bool tensor, for broadcastable integer index tensors i (queries) and j (keys). It gives
+    #: :meth:`pattern_matrix` for small n, and serves as a FlexAttention ``mask_mod`` on the GPU.
+    visible: Callable[..., torch.Tensor] | None = None
+    #: Which (query, key) pairs are attended, as boolean [n, n] (True where query i sees key j),
+    #: for patterns that ``visible`` cannot express; None means ``visible`` or dense.
+    pattern: Callable[[int, bool, Mapping[str, Any]], torch.Tensor] | None = None
     #: Exact number of attended pairs for length n, computed without building the n x n matrix.
     pair_count: Callable[[int, bool, Mapping[str, Any]], int] = dense_pair_count
     #: Forward FLOPs of one call; None means 2 * B * H * pairs * (D + Dv) (QK^T and PV).
@@ -325,8 +330,20 @@ class Mechanism:
     def extras_for(self, params: Mapping[str, Any]) -> tuple[ExtraInput, ...]:
         return tuple(e for e in self.extra_inputs if e.when(params))
 
+    def pattern_matrix(
+        self, n: int, causal: bool, params: Mapping[str, Any] | None = None
+    ) -> torch.Tensor:
+        """Boolean [n, n], True where query i attends key j (builds n x n: small n only)."""
+        params = self.resolve(params)
+        if self.pattern is not None:
+            return self.pattern(n, causal, params)
+        if self.visible is not None:
+            idx = torch.arange(n)
+            return self.visible(idx[:, None], idx[None, :], n, causal, params)
+        return dense_pattern(n, causal, params)
+
     def count_pairs(self, n: int, causal: bool, params: Mapping[str, Any] | None = None) -> int:
-        return self.pair_count(n, causal, self.resolve(params) if params is None else params)
+        return self.pair_count(n, causal, self.resolve(params))
 
     def forward_flops(self, shape: Shape, causal: bool, params: Mapping[str, Any]) -> int:
         """Forward FLOPs, counted exactly for the pattern (a multiply-add counts as 2)."""
