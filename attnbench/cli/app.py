@@ -9,6 +9,7 @@ import typer
 from attnbench import __version__
 from attnbench.cli import list_cmd
 from attnbench.cli.common import Group
+from attnbench.cli.run import run_app
 
 app = typer.Typer(
     cls=Group,
@@ -35,6 +36,7 @@ def root(
 
 
 app.command("list")(list_cmd.list_mechanisms)
+app.add_typer(run_app, name="run")
 
 
 def main() -> None:

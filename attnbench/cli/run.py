@@ -1,0 +1,13 @@
+"""``attnbench run ...``: the suites (speed, extrapolate, entropy), one command each."""
+
+from __future__ import annotations
+
+import typer
+
+from attnbench.cli.common import Group
+
+run_app = typer.Typer(
+    cls=Group,
+    no_args_is_help=True,
+    help="Run a suite: speed and memory, length extrapolation, attention entropy.",
+)
