@@ -1,0 +1,83 @@
+"""``attnbench check``: a mechanism's faster paths against its reference, on random inputs."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import torch
+import typer
+from rich.table import Table
+
+from attnbench import registry
+from attnbench.api import check_tensors
+from attnbench.cli.common import out, parse_params
+from attnbench.errors import AttnbenchError
+from attnbench.inputs import make_inputs
+from attnbench.spec import Shape
+from attnbench.testing import compare_paths
+
+DTYPES = {"float64": torch.float64, "float32": torch.float32}
+
+
+def check(
+    name: Annotated[str, typer.Argument(help="Mechanism name (see `attnbench list`).")],
+    path: Annotated[
+        list[str] | None, typer.Option("--path", help="Path to check (repeatable); default all.")
+    ] = None,
+    param: Annotated[
+        list[str] | None, typer.Option("--param", "-p", help="NAME=VALUE (repeatable).")
+    ] = None,
+    n: Annotated[int, typer.Option("--n", help="Sequence length.", min=1)] = 97,
+    batch: Annotated[int, typer.Option(help="Batch size.", min=1)] = 2,
+    heads: Annotated[int, typer.Option(help="Query heads.", min=1)] = 4,
+    head_dim: Annotated[int, typer.Option(help="Head dimension.", min=1)] = 32,
+    causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal masking.")] = False,
+    dtype: Annotated[str, typer.Option(help="float32 or float64.")] = "float32",
+    seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
+) -> None:
+    """Check every faster path of a mechanism against its dense reference (outputs and
+    gradients), with flash-attention's tolerance rule. Exit code 1 if a path fails.
+
+    Example: [bold]attnbench check softmax-logn --param base=e --causal --n 257[/bold]
+    """
+    mech = registry.get(name)
+    params = mech.resolve(parse_params(param))
+    if dtype not in DTYPES:
+        raise AttnbenchError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+    if causal and not mech.causal:
+        raise AttnbenchError(f"{mech.name} has no causal form; drop --causal")
+    if not causal and not mech.bidirectional:
+        raise AttnbenchError(f"{mech.name} is causal only; add --causal")
+    paths = (
+        [mech.path(p) for p in path] if path else [p for p in mech.paths if p.kind != "reference"]
+    )
+    shape = mech.shape_for(Shape(batch, heads, n, head_dim), params)
+    inputs = make_inputs(mech, shape, params, dtype=DTYPES[dtype], seed=seed)
+    check_tensors(mech, inputs["q"], inputs["k"], inputs["v"])
+    table = Table(
+        title=f"{mech.name} {shape.tag()} {'causal' if causal else 'bidirectional'} {dtype}"
+    )
+    for col in ("path", "tensor", "error", "allowed", "naive baseline", "verdict"):
+        table.add_column(col)
+    failed = 0
+    for p in paths:
+        reason = p.unavailable("cpu", mech.backward)
+        if reason:
+            table.add_row(p.name, "-", "-", "-", "-", f"[yellow]skipped: {reason}[/yellow]")
+            continue
+        verdicts = compare_paths(
+            p.fn, mech.reference.fn, inputs, {"causal": causal, **params}, backward=mech.backward
+        )
+        for v in verdicts:
+            failed += not v.ok
+            table.add_row(
+                p.name,
+                v.name,
+                f"{v.error:.3g}",
+                f"{v.allowed:.3g}",
+                f"{v.baseline:.3g}",
+                "[green]ok[/green]" if v.ok else "[red]FAIL[/red]",
+            )
+    out.print(table)
+    if failed:
+        raise typer.Exit(1)

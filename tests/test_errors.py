@@ -1,0 +1,73 @@
+"""Bad input: one line saying what is wrong and what is accepted; ValueError from Python, exit 2
+and no traceback from the CLI."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnbench import registry
+from attnbench.api import attention, parse_impl
+from attnbench.cli import app
+
+runner = CliRunner()
+
+
+def qkv(b=1, h=4, t=8, d=16, hkv=None, dk=None):
+    return (
+        torch.randn(b, h, t, d),
+        torch.randn(b, hkv or h, t, dk or d),
+        torch.randn(b, hkv or h, t, d),
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: registry.get("softmx"), "did you mean 'softmax'"),
+        (lambda: parse_impl("softmax:fast"), "available: reference, efficient"),
+        (lambda: attention("softmax-logn", *qkv(), base=1), "accepted: a number > 1, or e"),
+        (lambda: attention("softmax-logn", *qkv(), base="x"), "invalid base='x'"),
+        (lambda: attention("softmax-logn", *qkv(), min_n=0), "an integer >= 1"),
+        (lambda: attention("gqa", *qkv(h=4, hkv=3), kv_heads=3), "does not divide heads=4"),
+        (lambda: attention("gqa", *qkv(h=4, hkv=1), kv_heads=2), "kv_heads=2; they must match"),
+        (lambda: attention("softmax", *qkv(hkv=2)), "use mqa or gqa"),
+        (lambda: attention("softmax", *qkv(dk=8)), "head dims differ"),
+        (lambda: attention("softmax", torch.randn(4, 8, 16), *qkv()[1:]), "rank 4"),
+        (lambda: attention("softmax", *qkv(), window=3), "takes no argument 'window'"),
+        (lambda: attention("flash-tiled", *qkv(), tile=0), "an integer >= 1"),
+        (lambda: attention("softmax", *qkv(), path="fused"), "has no path 'fused'"),
+    ],
+)
+def test_python_errors(call, message):
+    with pytest.raises(ValueError, match=None) as info:
+        call()
+    text = str(info.value)
+    assert message in text, text
+    assert "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["check", "softmx"], "unknown mechanism 'softmx'"),
+        (["check", "softmax-logn", "--param", "base=0.5"], "invalid base"),
+        (["check", "softmax-logn", "--param", "base"], "is not NAME=VALUE"),
+        (["check", "gqa", "--heads", "3"], "does not divide"),
+        (["check", "softmax", "--path", "fused"], "has no path 'fused'"),
+        (["check", "softmax", "--param", "tile=3"], "takes no parameters"),
+        (["list", "--family", "nope"], "unknown family"),
+    ],
+)
+def test_cli_errors(args, message):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_cli_usage_error_exit_code():
+    result = runner.invoke(app, ["list", "--format", "xml"])
+    assert result.exit_code == 2

@@ -1,0 +1,74 @@
+"""The softmax family against literal, loop-by-loop computations of the seed's formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnbench.api import attention
+from attnbench.layers import Rotary
+
+
+def literal_attention(q, k, v, causal, factor_of_n):
+    """Row by row: o_i = sum_j softmax_j(factor(n_i) * q_i . k_j) v_j over the keys row i sees."""
+    B, H, T, D = q.shape
+    o = torch.zeros(B, H, T, v.shape[-1], dtype=q.dtype)
+    for i in range(T):
+        keys = i + 1 if causal else T
+        s = (q[:, :, i : i + 1] @ k[:, :, :keys].transpose(-2, -1))[:, :, 0]  # (B, H, keys)
+        w = torch.softmax(s * factor_of_n(keys), dim=-1)
+        o[:, :, i] = (w[..., None] * v[:, :, :keys]).sum(-2)
+    return o
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(
+    ("params", "factor"),
+    [
+        ({}, lambda n: math.log(n, 512)),
+        ({"base": "e"}, lambda n: math.log(n)),
+        ({"base": 64, "clip": True}, lambda n: max(1.0, math.log(n, 64))),
+        ({"min_n": 16}, lambda n: math.log(max(n, 16), 512)),
+    ],
+    ids=["log512", "natural", "clip-log64", "floor16"],
+)
+@pytest.mark.parametrize("path", ["reference", "efficient"])
+def test_logn_matches_the_formula(causal, params, factor, path):
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 40, 16, dtype=torch.float64) for _ in range(3))
+    got = attention("softmax-logn", q, k, v, causal=causal, path=path, **params)
+    want = literal_attention(q, k, v, causal, lambda n: factor(n) / math.sqrt(16))
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_softmax_base_512_at_n_512_is_plain_softmax():
+    """log_512(512) = 1: Attention-E equals Attention-O at n = 512 (bidirectional)."""
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 512, 8, dtype=torch.float64) for _ in range(3))
+    torch.testing.assert_close(attention("softmax-logn", q, k, v), attention("softmax", q, k, v))
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_grouped_heads_share_kv(kv_heads):
+    """GQA equals softmax with K/V repeated per group of consecutive query heads."""
+    torch.manual_seed(2)
+    q = torch.randn(2, 4, 23, 8, dtype=torch.float64)
+    k, v = (torch.randn(2, kv_heads, 23, 8, dtype=torch.float64) for _ in range(2))
+    name, extra = ("mqa", {}) if kv_heads == 1 else ("gqa", {"kv_heads": kv_heads})
+    rep = 4 // kv_heads
+    want = attention(
+        "softmax", q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), causal=True
+    )
+    torch.testing.assert_close(attention(name, q, k, v, causal=True, **extra), want)
+
+
+def test_rotary_is_relative():
+    """RoPE scores depend only on the offset between positions."""
+    rope = Rotary(16)
+    q = torch.randn(1, 1, 1, 16, dtype=torch.float64).expand(1, 1, 10, 16)
+    k = torch.randn(1, 1, 1, 16, dtype=torch.float64).expand(1, 1, 10, 16)
+    s = rope(q) @ rope(k).transpose(-2, -1)  # (1, 1, 10, 10)
+    torch.testing.assert_close(s[0, 0, 3, 1], s[0, 0, 8, 6])
+    torch.testing.assert_close(s[0, 0, 0, 0], s[0, 0, 9, 9])
