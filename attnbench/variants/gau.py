@@ -88,13 +88,10 @@ def reference(
 # --------------------------------------------------------------------------------------------
 
 
-def _rows_weight(T: int, causal: bool, power_of_n: int, extra: float, device) -> Tensor:
-    """sqrt(1 / (n_i^power * extra)) per row as float64 [T, 1]; n_i = i + 1 (causal) or T."""
-    if causal:
-        n = torch.arange(1, T + 1, dtype=torch.float64, device=device)[:, None]
-    else:
-        n = torch.full((T, 1), float(T), dtype=torch.float64, device=device)
-    return (n**power_of_n * extra).rsqrt()
+def _keys_seen(T: int, causal: bool, device) -> Tensor:
+    """n_i, the keys row i sees, as float64 [T, 1]: i + 1 when causal, else T."""
+    n = torch.arange(1, T + 1, dtype=torch.float64, device=device)[:, None]
+    return n if causal else torch.full_like(n, float(T))
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -175,20 +172,15 @@ def efficient(
 ) -> Tensor:
     """No n x n tensor: tiled relu², or SDPA. q, k ``[B, H, T, s]``, v ``[B, H, T, e]``."""
     T, D = q.shape[-2], q.shape[-1]
+    n = _keys_seen(T, causal, q.device)  # (T, 1)
     if scoring == "relu2":
-        if norm == "ns":
-            root_w = _rows_weight(T, causal, 1, D, q.device)  # (T, 1) 1/sqrt(n_i s)
-        else:
-            root_w = _rows_weight(T, causal, 2, 1.0, q.device)  # (T, 1) 1/n_i
+        root_w = (n * D).rsqrt() if norm == "ns" else 1.0 / n  # (T, 1) sqrt of the row weight
         return _Relu2Tiled.apply(q * root_w.to(q.dtype), k, v, causal, tile)
     if scoring == "softmax":
-        row = torch.full((T, 1), 1.0 / math.sqrt(D), dtype=torch.float64)
+        row = torch.full_like(n, 1.0 / math.sqrt(D))  # (T, 1)
     else:
-        n = torch.arange(1, T + 1, dtype=torch.float64)
-        if not causal:
-            n = torch.full_like(n, float(T))
-        row = (n.clamp(min=min_n).log() / math.log(LOG_BASE) / math.sqrt(D))[:, None]
-    return sdpa_any_width(q * row.to(q.device, q.dtype), k, v, causal=causal)
+        row = n.clamp(min=min_n).log() / math.log(LOG_BASE) / math.sqrt(D)  # (T, 1)
+    return sdpa_any_width(q * row.to(q.dtype), k, v, causal=causal)
 
 
 # --------------------------------------------------------------------------------------------
