@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from attnbench.errors import unknown
 from attnbench.spec import Mechanism
-from attnbench.variants import flash_tiled, grouped, logn_softmax, softmax
+from attnbench.variants import flash_mixed, flash_tiled, gau, grouped, logn_softmax, softmax
 
 MECHANISMS: tuple[Mechanism, ...] = (
     softmax.MECHANISM,
@@ -16,6 +16,9 @@ MECHANISMS: tuple[Mechanism, ...] = (
     flash_tiled.MECHANISM,
     grouped.MQA,
     grouped.GQA,
+    gau.MECHANISM,
+    flash_mixed.FLASH,
+    flash_mixed.MC_SOFTMAX,
 )
 
 

@@ -250,6 +250,8 @@ class Mechanism:
     #: A layer factory for mechanisms that are whole layers or need their own projections;
     #: None means the generic :class:`attnbench.layers.AttentionMixer`.
     layer: Callable[..., torch.nn.Module] | None = None
+    #: Whether the layer replaces attention + FFN (GAU, FLASH): models stack it without an FFN.
+    whole_block: bool = False
     #: Whether the mechanism lets K/V have fewer heads than Q (MQA/GQA).
     shares_kv: bool = False
     #: Whether query and key length may differ (otherwise T_q must equal T_k).

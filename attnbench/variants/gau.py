@@ -1,0 +1,271 @@
+"""GAU's attention core (Hua et al. 2022, "Transformer Quality in Linear Time"; seed 000).
+
+q ``[B, H, T, s]``, k ``[B, H, T, s]``, v ``[B, H, T, e]`` -> o ``[B, H, T, e]``. The GAU layer uses
+one head (H = 1) with s = 128 and e = 2d; the operator works for any H and any value width.
+
+``scoring`` picks the attention matrix A (o = A v):
+
+* ``relu2`` (default): A = relu²(Q Kᵀ) · w_i, no softmax. The row weight w_i is set by ``norm``:
+  ``ns`` (default) w_i = 1/(n_i s), i.e. relu²(Q Kᵀ/√s)/n, the seed's form; ``n2`` w_i = 1/n_i², the
+  paper's appendix code (relu²(Q Kᵀ/n)). n_i is the number of keys row i really sees: T when
+  bidirectional, i + 1 when causal (lucidrains divides causal rows by the full T too; the count of
+  the terms summed is the consistent choice).
+* ``softmax``: softmax(Q Kᵀ/√s) — GAU with ordinary softmax scores.
+* ``softmax_plus``: softmax(log_512(max(n_i, min_n)) · Q Kᵀ/√s), the entropy-invariant scale of
+  seed 003 as the seed's author uses it in GAU (bert4keras ``softmax_plus`` takes min_n = 16).
+
+``norm`` only affects ``relu2``; ``min_n`` only ``softmax_plus``. s is q's head dim; the ``s`` and
+``expansion`` parameters size the GAU layer (and the benchmark's value width), not the operator.
+
+Paths: ``reference`` builds the [B, H, T, T] matrix literally. ``efficient``: for relu2, a custom
+autograd Function over query tiles whose backward recomputes each tile (relu² has no normaliser to
+track, so nothing but q, k, v is saved: O(T · tile) memory); the row weight is folded into q as
+√w_i (relu²(x)·w = relu²(x·√w) for w > 0), which also keeps relu² far from the fp16 overflow at
+65504 (see ``overflow_bound``). For the softmax scorings: SDPA with the row scale folded into q;
+when the value width differs from s, q and k are zero-padded to it (dot products unchanged), since
+the CPU flash kernel needs equal widths and otherwise falls back to an n x n kernel.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnbench.spec import Mechanism, Param, Path, Shape, positive_int
+from attnbench.variants.dense import causal_mask, softmax_attention
+
+SCORINGS = ("relu2", "softmax", "softmax_plus")
+NORMS = ("ns", "n2")
+#: Base of the entropy-invariant log (seed 003): n = 512 gives back 1/sqrt(s).
+LOG_BASE = 512.0
+#: Largest finite float16: relu²(x) overflows once x > sqrt(65504) ~ 255.9.
+FP16_MAX = 65504.0
+
+
+# --------------------------------------------------------------------------------------------
+# Reference: the literal n x n formula
+# --------------------------------------------------------------------------------------------
+
+
+def reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    scoring: str,
+    norm: str,
+    min_n: int,
+    tile: int,
+    s: int,
+    expansion: int,
+) -> Tensor:
+    """Dense A = score(Q Kᵀ), then A v. q, k ``[B, H, T, s]``, v ``[B, H, T, e]`` -> o, same."""
+    T, D = q.shape[-2], q.shape[-1]
+    mask = causal_mask(T, T, q.device)
+    if not causal:
+        mask = torch.ones_like(mask)
+    n = mask.sum(-1, keepdim=True).to(torch.float64)  # (T, 1) keys each row sees
+    if scoring == "relu2":
+        weight = 1.0 / (n * D) if norm == "ns" else 1.0 / n**2  # (T, 1)
+        a = torch.relu(q @ k.transpose(-2, -1)) ** 2  # (B, H, T, T)
+        a = torch.where(mask, a, torch.zeros((), dtype=a.dtype)) * weight.to(a.dtype)
+        return a @ v  # (B, H, T, e)
+    if scoring == "softmax":
+        return softmax_attention(q, k, v, mask=mask if causal else None)
+    factor = torch.log(n.clamp(min=min_n)) / math.log(LOG_BASE) / math.sqrt(D)  # (T, 1)
+    return softmax_attention(q, k, v, mask=mask if causal else None, scale=factor.to(q.dtype))
+
+
+# --------------------------------------------------------------------------------------------
+# Efficient: tiled relu² with a recomputing backward; SDPA for the softmax scorings
+# --------------------------------------------------------------------------------------------
+
+
+def _keys_seen(T: int, causal: bool, device) -> Tensor:
+    """n_i, the keys row i sees, as float64 [T, 1]: i + 1 when causal, else T."""
+    n = torch.arange(1, T + 1, dtype=torch.float64, device=device)[:, None]
+    return n if causal else torch.full_like(n, float(T))
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Accumulate tile sums in float32 for half types (bf16 keeps 8 bits of mantissa)."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+class _Relu2Tiled(torch.autograd.Function):
+    """o_i = sum_j relu(q_i . k_j)^2 v_j over query tiles (row weights already folded into q)."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, tile: int) -> Tensor:
+        B, H, T, _ = q.shape
+        o = q.new_empty(B, H, T, v.shape[-1])
+        for i0 in range(0, T, tile):
+            i1 = min(i0 + tile, T)
+            end = i1 if causal else k.shape[-2]  # keys this tile can see
+            r = torch.relu_(q[:, :, i0:i1] @ k[:, :, :end].transpose(-2, -1))  # (B, H, t, end)
+            if causal:
+                r[..., i0:end].masked_fill_(_upper(i1 - i0, q.device), 0.0)
+            o[:, :, i0:i1] = r.square_() @ v[:, :, :end]  # (B, H, t, e)
+        ctx.save_for_backward(q, k, v)
+        ctx.causal, ctx.tile = causal, tile
+        return o
+
+    @staticmethod
+    def backward(ctx, do: Tensor):
+        q, k, v = ctx.saved_tensors
+        causal, tile = ctx.causal, ctx.tile
+        T = q.shape[-2]
+        acc = _acc_dtype(q.dtype)
+        dq = torch.empty_like(q)
+        dk = torch.zeros(k.shape, dtype=acc, device=k.device)
+        dv = torch.zeros(v.shape, dtype=acc, device=v.device)
+        for i0 in range(0, T, tile):
+            i1 = min(i0 + tile, T)
+            end = i1 if causal else k.shape[-2]
+            qt, dot, kt, vt = q[:, :, i0:i1], do[:, :, i0:i1], k[:, :, :end], v[:, :, :end]
+            r = torch.relu_(qt @ kt.transpose(-2, -1))  # (B, H, t, end)
+            if causal:
+                r[..., i0:end].masked_fill_(_upper(i1 - i0, q.device), 0.0)
+            dv[:, :, :end] += (r.square().transpose(-2, -1) @ dot).to(acc)  # (B, H, end, e)
+            ds = (dot @ vt.transpose(-2, -1)).mul_(r).mul_(2.0)  # (B, H, t, end) dP * 2 relu
+            dq[:, :, i0:i1] = ds @ kt  # (B, H, t, s)
+            dk[:, :, :end] += (ds.transpose(-2, -1) @ qt).to(acc)  # (B, H, end, s)
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def _upper(t: int, device) -> Tensor:
+    """Boolean [t, t], True strictly above the diagonal (keys after the query, inside a tile)."""
+    return torch.ones(t, t, dtype=torch.bool, device=device).triu(1)
+
+
+def sdpa_any_width(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
+    """SDPA with scale 1 for any value width: the narrower of (q, k) and v is zero-padded so the
+    CPU flash kernel applies (zero columns change no dot product). [B, H, T, D] layout."""
+    D, Dv = q.shape[-1], v.shape[-1]
+    if Dv > D:
+        q, k = F.pad(q, (0, Dv - D)), F.pad(k, (0, Dv - D))  # (B, H, T, Dv)
+    elif Dv < D:
+        v = F.pad(v, (0, D - Dv))  # (B, H, T, D)
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0)
+    return o[..., :Dv]  # (B, H, T, Dv)
+
+
+def efficient(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    scoring: str,
+    norm: str,
+    min_n: int,
+    tile: int,
+    s: int,
+    expansion: int,
+) -> Tensor:
+    """No n x n tensor: tiled relu², or SDPA. q, k ``[B, H, T, s]``, v ``[B, H, T, e]``."""
+    T, D = q.shape[-2], q.shape[-1]
+    n = _keys_seen(T, causal, q.device)  # (T, 1)
+    if scoring == "relu2":
+        root_w = (n * D).rsqrt() if norm == "ns" else 1.0 / n  # (T, 1) sqrt of the row weight
+        return _Relu2Tiled.apply(q * root_w.to(q.dtype), k, v, causal, tile)
+    if scoring == "softmax":
+        row = torch.full_like(n, 1.0 / math.sqrt(D))  # (T, 1)
+    else:
+        row = n.clamp(min=min_n).log() / math.log(LOG_BASE) / math.sqrt(D)  # (T, 1)
+    return sdpa_any_width(q * row.to(q.dtype), k, v, causal=causal)
+
+
+# --------------------------------------------------------------------------------------------
+# Numerics, FLOPs, the record
+# --------------------------------------------------------------------------------------------
+
+
+def overflow_bound(n: int, s: int, norm: str = "ns") -> float:
+    """The largest |q_i . k_j| for which the efficient relu2 path stays finite in float16.
+
+    The efficient path computes relu(x · sqrt(w))² with w = 1/(n s) or 1/n², so one term
+    overflows only when x² w > 65504; a row sum of n such terms times |v| <= 1 stays finite while
+    x² w < 65504 / n. The literal form relu²(x) (the reference, any code that normalises after
+    squaring) overflows as soon as |x| > 255.9, whatever n is.
+    """
+    w = 1.0 / (n * s) if norm == "ns" else 1.0 / n**2
+    return math.sqrt(FP16_MAX / (n * w))
+
+
+def flops(shape: Shape, causal: bool, params: Mapping[str, Any]) -> int:
+    """Forward FLOPs: Q Kᵀ and A V over the attended pairs (2 per multiply-add).
+
+    Elementwise work (relu², the softmax) is not counted, as for softmax attention.
+    """
+    T = shape.seq_len
+    pairs = T * (T + 1) // 2 if causal else T * T
+    return 2 * shape.batch * shape.heads * pairs * (shape.head_dim + shape.dv)
+
+
+def value_shape(shape: Shape, params: Mapping[str, Any]) -> Shape:
+    """GAU's value width is e = expansion · d; the benchmark shape takes d = head dim (s)."""
+    return replace(shape, value_dim=params["expansion"] * shape.head_dim)
+
+
+def _gau_layer(mech, d_model, heads, **kwargs):
+    from attnbench.variants.gau_layers import GAULayer
+
+    return GAULayer(mech, d_model, heads, **kwargs)
+
+
+PARAMS = (
+    Param(
+        "scoring",
+        "relu2",
+        "attention scores: relu2 (GAU), softmax, softmax_plus (log_512 n scaled softmax)",
+        choices=SCORINGS,
+    ),
+    Param(
+        "norm",
+        "ns",
+        "relu2 row normaliser: ns = 1/(n s) (the seed), n2 = 1/n^2 (the paper's code)",
+        choices=NORMS,
+    ),
+    positive_int("min_n", 1, "softmax_plus: floor on n before the log (bert4keras: 16)"),
+    positive_int("tile", 256, "efficient relu2 path: query rows per tile (memory ~ n * tile)"),
+    positive_int("s", 128, "GAU layer: width of Z, the q/k head dim (the operator reads q's)"),
+    positive_int("expansion", 2, "GAU layer: e = expansion * d_model, the width of U and V"),
+)
+
+
+MECHANISM = Mechanism(
+    name="gau",
+    family="gau",
+    description="gated attention unit core: relu²(QKᵀ)/(n s) V, single head (FLASH-Quad's layer)",
+    source="Hua et al. 2022 (Transformer Quality in Linear Time); seed 000",
+    aliases=("flash-quad",),
+    params=PARAMS,
+    paths=(
+        Path("reference", "reference", reference, memory="O(n^2)"),
+        Path(
+            "efficient",
+            "efficient",
+            efficient,
+            memory="O(n * tile) relu2; O(n) softmax (SDPA flash kernel)",
+            note="relu2: query-tiled autograd Function recomputing in backward; softmax: SDPA",
+        ),
+    ),
+    adapt_shape=value_shape,
+    flops=flops,
+    layer=_gau_layer,
+    whole_block=True,
+    time="O(n^2 (s + e))",
+    memory="O(n * tile)",
+    notes=(
+        "FLASH-Quad is a stack of GAU layers with no FFN (two GAU layers ~ one attention + FFN "
+        "block in parameters at e = 2d); the layer is single-head and ignores `heads`."
+    ),
+)
