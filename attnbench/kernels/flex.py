@@ -28,6 +28,8 @@ import torch
 from torch import Tensor
 
 from attnbench.errors import AttnbenchError
+from attnbench.requirements import FLEX
+from attnbench.spec import Path
 
 #: ``visible(i, j, n, causal, params) -> bool tensor`` (see ``Mechanism.visible``).
 VisibleRule = Callable[..., Tensor]
@@ -167,6 +169,8 @@ def flex_attention_for(
     q.k before the score_mod. Rows that see no key give zeros (as the references do).
     """
     check_call(q, k, v)
+    if q.device.type != "cuda":  # eager flex refuses inputs that require grad, even under no_grad
+        q, k, v = q.detach(), k.detach(), v.detach()
     n = q.shape[-2]
     block_mask = block_mask_for(visible, n, causal, params, q.device)
     mod = score_mod_for(score_mod, n, causal, params)
@@ -206,3 +210,24 @@ def flex_path(
 
     fn.__name__ = fn.__qualname__ = name.replace("-", "_")
     return fn
+
+
+def flex_fused(
+    visible: VisibleRule | None = None,
+    score_mod: ScoreModBuilder | None = None,
+    *,
+    enable_gqa: bool = False,
+    name: str = "flex",
+    note: str = "",
+) -> Path:
+    """The registry entry of a FlexAttention path: ``Path(name, "fused", flex_path(...))`` that
+    needs FlexAttention (forward only on the CPU). The one-line wiring for a sparse mechanism:
+    ``flex_fused(visible)``; with a score modification: ``flex_fused(visible, builder)``."""
+    return Path(
+        name,
+        "fused",
+        flex_path(visible, score_mod, enable_gqa=enable_gqa, name=name),
+        memory="O(n) + BlockMask (compiled, CUDA); CPU: eager, forward only, O(n^2)",
+        requires=(FLEX,),
+        note=note or "FlexAttention, cached BlockMask; compiled on CUDA",
+    )

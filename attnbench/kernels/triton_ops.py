@@ -348,6 +348,26 @@ def retention_path(gamma: Callable[[int, dict[str, Any]], Sequence[float] | Tens
     return fused_path(fn, memory="O(n d) (no per-chunk states stored)", note="Triton chunkwise")
 
 
+def linear_path(
+    feature_map: Callable[[Tensor], Tensor],
+    normalize: Callable[[dict[str, Any]], bool] = lambda params: True,
+    eps: Callable[[dict[str, Any]], float] = lambda params: 0.0,
+) -> Path:
+    """The Triton causal linear-attention path: q, k go through ``feature_map`` (phi, e.g.
+    elu + 1), then :func:`linear_attention_chunked`. Bidirectional calls are refused (there the
+    two-matmul form phi(q) (phi(k)^T v) is already optimal)."""
+
+    def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **params: Any) -> Tensor:
+        if not causal:
+            raise AttnbenchError("the Triton linear-attention kernel is causal only")
+        return linear_attention_chunked(
+            feature_map(q), feature_map(k), v, normalize=normalize(params), eps=eps(params)
+        )
+
+    fn.__name__ = fn.__qualname__ = "linear_triton"
+    return fused_path(fn, memory="O(n d) (no per-chunk states stored)", note="Triton chunkwise")
+
+
 def retnet_gammas(heads: int) -> list[float]:
     """RetNet's multi-scale decays, gamma_h = 1 - 2^(-5 - h) (seed 002)."""
     return [1.0 - math.pow(2.0, -5.0 - h) for h in range(heads)]

@@ -21,9 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench.kernels.flex import ScoreMod, flex_path
+from attnbench.kernels.flex import ScoreMod, flex_fused
 from attnbench.kernels.sdpa import backend_paths, sdpa_with_backend
-from attnbench.requirements import FLEX
 from attnbench.spec import Mechanism, Param, Path
 from attnbench.variants.dense import causal_mask, softmax_attention
 
@@ -136,13 +135,6 @@ MECHANISM = Mechanism(
             note="per-row factor folded into q, SDPA with scale=1",
         ),
         *backend_paths(sdpa_backend, note="per-row factor folded into q"),
-        Path(
-            "flex",
-            "fused",
-            flex_path(score_mod=logn_score_mod),
-            memory="O(n) on CUDA (compiled); CPU: eager, forward only, O(n^2)",
-            requires=(FLEX,),
-            note="FlexAttention with a log-n score_mod; compiled on CUDA",
-        ),
+        flex_fused(score_mod=logn_score_mod, note="FlexAttention with a log-n score_mod"),
     ),
 )
