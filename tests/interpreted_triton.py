@@ -25,6 +25,13 @@ if os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on", "y
 pytest.importorskip("triton", reason="Triton is not installed")
 
 from attnbench.kernels import triton_ops  # noqa: E402
+from tests.dense_refs import (  # noqa: E402
+    flash_global_reference,
+    gau_reference,
+    linear_reference,
+    make_qkv,
+    retention_reference,
+)
 
 TILE = 16  # the interpreter is slow; 16 is tl.dot's smallest tile
 
@@ -67,11 +74,7 @@ def dtype(request, ops):
 
 
 def make(b, h, t, d, dv, dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return {
-        name: torch.randn(b, h, t, dim, generator=gen, dtype=torch.float64).to(dtype)
-        for name, dim in (("q", d), ("k", d), ("v", dv))
-    }
+    return make_qkv(b, h, t, d, dv, dtype, seed=seed)
 
 
 def check(fast, reference, inputs, kwargs=None):
@@ -82,21 +85,6 @@ def check(fast, reference, inputs, kwargs=None):
 # --------------------------------------------------------------------------------------------
 # relu^2 attention (GAU)
 # --------------------------------------------------------------------------------------------
-
-
-def gau_reference(q, k, v, *, causal, norm="ns", chunk=0):
-    """o = (relu(q k^T)^2 * mask) v * norm, norm = 1/(n_i s) or 1/n_i^2, n_i = keys row i sees."""
-    t, s = q.shape[-2], q.shape[-1]
-    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-    mask = torch.ones(t, t, dtype=torch.bool)
-    if causal:
-        mask &= j <= i
-    if chunk:
-        mask &= (i // chunk) == (j // chunk)
-    n = mask.sum(-1, keepdim=True).to(q.dtype)  # (T, 1)
-    a = torch.relu(q @ k.transpose(-1, -2)) ** 2 * mask  # (B, H, T, T)
-    a = a / (n * s) if norm == "ns" else a / (n * n)
-    return a @ v  # (B, H, T, Dv)
 
 
 @pytest.mark.parametrize(
@@ -135,15 +123,6 @@ def test_gau_value_dim_split(ops, monkeypatch):
 # --------------------------------------------------------------------------------------------
 
 
-def retention_reference(q, k, v, *, gamma):
-    """o = ((q k^T) * D) v, D_ts = gamma_h^(t - s) for s <= t, else 0 (RetNet's parallel form)."""
-    t = q.shape[-2]
-    i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-    g = torch.as_tensor(gamma, dtype=torch.float64).reshape(-1, 1, 1)  # (H, 1, 1)
-    decay = torch.where(j <= i, g ** (i - j).clamp(min=0), torch.zeros((), dtype=torch.float64))
-    return ((q @ k.transpose(-1, -2)) * decay.to(q.dtype)) @ v  # (B, H, T, Dv)
-
-
 @pytest.mark.parametrize(("d", "dv"), [(16, 8), (24, 32)], ids=["D16-DV8", "D24-DV32"])
 def test_retention_fwd_bwd(ops, d, dv):
     gamma = ops.retnet_gammas(3)
@@ -177,8 +156,7 @@ def test_linear_attention_normalised(ops):
         return ops.linear_attention_chunked(q.exp(), k.exp(), v, block=TILE)
 
     def reference(q, k, v):
-        scores = (q.exp() @ k.exp().transpose(-1, -2)).tril()  # (B, H, T, T)
-        return (scores @ v) / scores.sum(-1, keepdim=True)
+        return linear_reference(q.exp(), k.exp(), v)
 
     check(fast, reference, make(1, 2, 37, 16, 8, torch.float32, seed=7))
 
@@ -190,11 +168,7 @@ def test_flash_global_part(ops):
         return ops.flash_global_chunked(q, k, v, chunk=TILE)
 
     def reference(q, k, v):
-        t = q.shape[-2]
-        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
-        earlier = (j // TILE) < (i // TILE)  # (T, T)
-        summed = ((i // TILE) * TILE).clamp(min=1).to(q.dtype)  # (T, 1)
-        return ((q @ k.transpose(-1, -2)) * earlier) @ v / summed
+        return flash_global_reference(q, k, v, chunk=TILE)
 
     check(fast, reference, make(2, 1, 37, 16, 24, torch.float32, seed=8))
 

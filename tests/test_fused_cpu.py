@@ -24,7 +24,7 @@ from attnbench.inputs import make_inputs
 from attnbench.kernels import flex, sdpa, triton_ops
 from attnbench.spec import Shape
 from attnbench.testing import compare_paths
-from attnbench.variants.dense import softmax_attention
+from tests.dense_refs import dense_masked, dilated_rule, window_rule
 
 SDPA_MECHS = ("softmax", "softmax-logn", "mqa", "gqa")
 SDPA_PATHS = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn")
@@ -94,28 +94,6 @@ def test_sdpa_unavailable_backend_is_one_line_not_a_fallback():
 # --------------------------------------------------------------------------------------------
 # FlexAttention (CPU: eager, forward only)
 # --------------------------------------------------------------------------------------------
-
-
-def window_rule(i, j, n, causal, params):
-    """|i - j| <= w: a sliding window, written as an elementwise predicate."""
-    return (i - j).abs() <= params["w"]
-
-
-def dilated_rule(i, j, n, causal, params):
-    """(i - j) a multiple of r, or within 1: a dilated pattern (every row sees itself)."""
-    return ((i - j) % params["r"] == 0) | ((i - j).abs() <= 1)
-
-
-def dense_masked(rule):
-    def reference(q, k, v, *, causal, **params):
-        n = q.shape[-2]
-        idx = torch.arange(n)
-        mask = rule(idx[:, None], idx[None, :], n, causal, params)
-        if causal:
-            mask = mask & torch.ones(n, n, dtype=torch.bool).tril()
-        return softmax_attention(q, k, v, mask=mask)
-
-    return reference
 
 
 @pytest.mark.parametrize(
