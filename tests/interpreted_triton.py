@@ -186,3 +186,19 @@ def test_single_position(ops):
         lambda q, k, v: retention_reference(q, k, v, gamma=[0.5]),
         inputs,
     )
+
+
+def test_path_factories_wire_in_one_line(ops):
+    """What the lead adds to a GAU / retention mechanism's paths: the factory's path function
+    reads the mechanism's own parameter names through the given accessors."""
+    x = make(1, 2, 21, 16, 16, torch.float32, seed=10)
+    gau = ops.gau_path(norm=lambda p: "n2" if p["normalise"] == "n^2" else "ns")
+    with torch.no_grad():
+        got = gau.fn(**x, causal=True, normalise="n^2", other=1)
+    torch.testing.assert_close(got, gau_reference(**x, causal=True, norm="n2"))
+    ret = ops.retention_path(lambda heads, p: ops.retnet_gammas(heads))
+    with torch.no_grad():
+        got = ret.fn(**x, causal=True, normalization="none")
+    torch.testing.assert_close(
+        got, retention_reference(**x, gamma=ops.retnet_gammas(2)), rtol=1e-4, atol=1e-4
+    )

@@ -24,7 +24,7 @@ from attnbench.inputs import make_inputs
 from attnbench.kernels import flex, sdpa, triton_ops
 from attnbench.spec import Shape
 from attnbench.testing import compare_paths
-from tests.dense_refs import dense_masked, dilated_rule, window_rule
+from tests.dense_refs import dense_masked, dilated_rule, make_qkv, window_rule
 
 SDPA_MECHS = ("softmax", "softmax-logn", "mqa", "gqa")
 SDPA_PATHS = ("sdpa-flash", "sdpa-efficient", "sdpa-cudnn")
@@ -110,6 +110,30 @@ def test_flex_path_matches_dense_mask_forward(rule, params, causal):
         flex.flex_path(rule), dense_masked(rule), inputs, kwargs, backward=False
     )
     assert all(v.ok for v in verdicts), "; ".join(map(str, verdicts))
+
+
+def test_flex_fused_wires_a_sparse_mechanism_in_one_line():
+    """How the sparse mechanisms get their fused path: ``flex_fused(visible)`` in ``paths``."""
+    from attnbench.spec import Mechanism, Path, positive_int
+
+    mech = Mechanism(
+        name="toy-local",
+        family="sparse",
+        description="sliding window, for this test",
+        source="seed 004",
+        params=(positive_int("w", 3, "keys on each side"),),
+        paths=(
+            Path("reference", "reference", dense_masked(window_rule), memory="O(n^2)"),
+            flex.flex_fused(window_rule),
+        ),
+        visible=window_rule,
+    )
+    assert mech.path("flex").kind == "fused"
+    x = make_qkv(1, 2, 21, 16, 16, torch.float32, seed=11)
+    with torch.no_grad():
+        fast = attention(mech, **x, causal=True, path="flex", w=2)
+        ref = attention(mech, **x, causal=True, path="reference", w=2)
+    torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-6)
 
 
 def test_flex_block_mask_is_built_once_per_key():

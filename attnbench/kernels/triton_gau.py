@@ -243,12 +243,17 @@ def _strides(t: Tensor) -> tuple[int, int, int]:
 
 
 def _config(
-    q: Tensor, v: Tensor, block_m: int | None, block_n: int | None
+    q: Tensor, v: Tensor, block_m: int | None, block_n: int | None, *, forward: bool
 ) -> tuple[int, int, int, int, dict]:
+    """Tile sizes and launch options. Untuned starting points (FlashAttention-2's Triton
+    tutorial's shapes); half-precision forwards take 128-query tiles, everything else 64 x 64
+    (32 keys for 128-wide heads) so fp32 tiles fit in shared memory."""
     BD, BDV = _pad(q.shape[-1]), _pad(v.shape[-1])
-    BM = block_m or 64
-    BN = block_n or (64 if max(BD, BDV) <= 64 else 32)
-    warps = 4 if max(BD, BDV) <= 64 else 8
+    wide = max(BD, BDV) > 64
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    BM = block_m or (128 if forward and half and wide else 64)
+    BN = block_n or (32 if wide and not (forward and half) else 64)
+    warps = 8 if wide else 4
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     return BD, BDV, BM, BN, {"num_warps": warps, "PRECISION": precision}
 
@@ -269,7 +274,7 @@ def forward(
     B, H, T, D = q.shape
     DV = v.shape[-1]
     o = torch.empty((B, H, T, DV), dtype=q.dtype, device=q.device)
-    BD, BDV, BM, BN, opts = _config(q, v, block_m, block_n)
+    BD, BDV, BM, BN, opts = _config(q, v, block_m, block_n, forward=True)
     grid = (triton.cdiv(T, BM), B * H)
     _fwd[grid](
         q, k, v, o, row_rel, pre, post,
@@ -300,7 +305,7 @@ def backward(
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    BD, BDV, BM, BN, opts = _config(q, v, block_m, block_n)
+    BD, BDV, BM, BN, opts = _config(q, v, block_m, block_n, forward=False)
     common = dict(CAUSAL=causal, HAS_CHUNK=chunk > 0, BD=BD, BDV=BDV, **opts)
     strides = (*_strides(q), *_strides(k), *_strides(v), *_strides(do))
     _bwd_dkdv[(triton.cdiv(T, BN), B * H)](
