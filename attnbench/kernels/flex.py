@@ -42,6 +42,8 @@ ScoreModBuilder = Callable[[int, bool, Mapping[str, Any]], ScoreMod]
 CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: How many BlockMasks / score_mods are kept (oldest dropped first).
 CACHE_SIZE = 64
+#: Recompilations of the compiled kernel allowed (one per length, direction, score_mod...).
+RECOMPILE_LIMIT = 64
 
 _block_masks: OrderedDict[Hashable, Any] = OrderedDict()
 _score_mods: OrderedDict[Hashable, ScoreMod] = OrderedDict()
@@ -133,6 +135,12 @@ def _kernel(device: torch.device) -> Callable[..., Tensor]:
     if device.type != "cuda":
         return flex_attention
     if "cuda" not in _compiled:
+        # Every new length (and score_mod closure) recompiles; past dynamo's per-function limit
+        # (8 by default) dynamo would quietly run flex eagerly, the unfused O(n^2) kernel, in the
+        # middle of a sweep. Raise the limit once, never lower it.
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
         _compiled["cuda"] = torch.compile(flex_attention, dynamic=False)
     return _compiled["cuda"]
 
