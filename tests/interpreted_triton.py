@@ -118,6 +118,23 @@ def test_gau_value_dim_split(ops, monkeypatch):
     check(fast, gau_reference, make(1, 1, 21, 16, 40, torch.float32, seed=5), {"causal": False})
 
 
+def test_relu2_any_row_scale_flash_local(ops):
+    """FLASH's local part: relu^2 inside chunks of c, divided by a fixed c * s (the seed)."""
+    c = 8
+
+    def fast(q, k, v):
+        scale = torch.full((q.shape[-2],), 1.0 / (c * q.shape[-1]), dtype=torch.float64)
+        return ops.relu2_attention(q, k, v, scale, causal=True, chunk=c, blocks=(TILE, TILE))
+
+    def reference(q, k, v):
+        t = q.shape[-2]
+        i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
+        mask = (j <= i) & ((i // c) == (j // c))  # (T, T)
+        return (torch.relu(q @ k.transpose(-1, -2)) ** 2 * mask) @ v / (c * q.shape[-1])
+
+    check(fast, reference, make(1, 2, 29, 16, 16, torch.float32, seed=12))
+
+
 # --------------------------------------------------------------------------------------------
 # Chunkwise retention / linear attention / FLASH's global part
 # --------------------------------------------------------------------------------------------

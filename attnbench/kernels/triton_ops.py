@@ -17,6 +17,7 @@ module is first imported), which is what the CPU tests do; the registry paths re
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -115,32 +116,41 @@ def relu2_attention(
     positive factors. mask: j <= i when ``causal``; i // chunk == j // chunk when ``chunk`` > 0.
     ``blocks``: tile sizes (query, key), None for the defaults (tests use small tiles).
     """
+    T = q.shape[-2]
+    if row_scale.shape != (T,):
+        raise AttnbenchError(f"row_scale has shape {tuple(row_scale.shape)}; needs ({T},)")
+    row_rel, r_max = _relative(row_scale.detach().to("cpu", torch.float64))  # (a device sync)
+    return _relu2(q, k, v, row_rel.to(q.device), r_max, causal, chunk, blocks)
+
+
+def _relative(row_scale: Tensor) -> tuple[Tensor, float]:
+    """A CPU float64 row scale as (row_scale / r_max in float32, r_max), r_max = max |scale|."""
+    r_max = float(row_scale.abs().max()) if row_scale.numel() else 1.0
+    r_max = r_max or 1.0
+    return (row_scale / r_max).to(torch.float32).contiguous(), r_max  # (T,), |row_rel| <= 1
+
+
+def _relu2(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    row_rel: Tensor,
+    r_max: float,
+    causal: bool,
+    chunk: int,
+    blocks: tuple[int | None, int | None],
+) -> Tensor:
     check_call("relu2 attention", q, k, v, max_v=None)
     if chunk < 0:
         raise AttnbenchError(f"relu2 attention: invalid chunk={chunk}; accepted: 0 (none) or >= 1")
-    T, D = q.shape[-2], q.shape[-1]
-    if row_scale.shape != (T,):
-        raise AttnbenchError(f"row_scale has shape {tuple(row_scale.shape)}; needs ({T},)")
-    scale = row_scale.to(device=q.device, dtype=torch.float32)
-    r_max = scale.abs().max().item() if T else 1.0
-    r_max = r_max or 1.0
-    row_rel = (scale / r_max).contiguous()  # (T,), |row_rel| <= 1
+    D = q.shape[-1]
     pre, post = 1.0 / D, r_max * D  # relu^2 tile * pre in the input dtype, * post in fp32
     q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
-    outs = [
-        _Relu2Attention.apply(
-            q,
-            k,
-            _last_dim_contiguous(v[..., i : i + MAX_HEAD_DIM]),
-            row_rel,
-            pre,
-            post,
-            causal,
-            chunk,
-            blocks,
-        )  # fmt: skip
-        for i in range(0, v.shape[-1], MAX_HEAD_DIM)
-    ]
+    outs = []
+    for i in range(0, v.shape[-1], MAX_HEAD_DIM):  # slices of v, each one kernel call
+        v_slice = _last_dim_contiguous(v[..., i : i + MAX_HEAD_DIM])
+        args = (row_rel, pre, post, causal, chunk, blocks)
+        outs.append(_Relu2Attention.apply(q, k, v_slice, *args))  # (B, H, T, <=128)
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
@@ -186,8 +196,20 @@ def gau_relu2(
     n_i = keys row i sees (T, or i + 1 when causal; counted within the chunk when ``chunk`` > 0),
     s = D. q, k ``[B, H, T, D]``, v ``[B, H, T, Dv]`` -> ``[B, H, T, Dv]``. Seed 000.
     """
-    scale = gau_row_scale(q.shape[-2], q.shape[-1], causal, norm, chunk, q.device)
-    return relu2_attention(q, k, v, scale, causal=causal, chunk=chunk, blocks=blocks)
+    if norm not in GAU_NORMS:
+        raise AttnbenchError(f"invalid GAU norm={norm!r}; accepted: {', '.join(GAU_NORMS)}")
+    row_rel, r_max = _gau_scales(q.shape[-2], q.shape[-1], causal, norm, chunk, str(q.device))
+    return _relu2(q, k, v, row_rel, r_max, causal, chunk, blocks)
+
+
+@functools.lru_cache(maxsize=64)
+def _gau_scales(
+    t: int, head_dim: int, causal: bool, norm: str, chunk: int, device: str
+) -> tuple[Tensor, float]:
+    """GAU's row scale for one shape, made once on the CPU and kept on ``device`` (no per-call
+    host-device traffic or sync)."""
+    row_rel, r_max = _relative(gau_row_scale(t, head_dim, causal, norm, chunk))
+    return row_rel.to(device), r_max
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,7 +218,20 @@ def gau_relu2(
 
 
 def _log2_gamma(gamma: float | Sequence[float] | Tensor, heads: int, device: Any) -> Tensor:
-    g = torch.as_tensor(gamma, dtype=torch.float64).flatten()
+    """log2(gamma) per head, float32 ``[H]`` on ``device``; numbers are cached per device."""
+    if isinstance(gamma, Tensor):
+        return _log2_gamma_of(gamma.detach().to("cpu", torch.float64), heads).to(device)
+    values = (float(gamma),) if isinstance(gamma, (int, float)) else tuple(map(float, gamma))
+    return _log2_gamma_cached(values, heads, str(device))
+
+
+@functools.lru_cache(maxsize=64)
+def _log2_gamma_cached(values: tuple[float, ...], heads: int, device: str) -> Tensor:
+    return _log2_gamma_of(torch.tensor(values, dtype=torch.float64), heads).to(device)
+
+
+def _log2_gamma_of(g: Tensor, heads: int) -> Tensor:
+    g = g.flatten()
     if g.numel() == 1:
         g = g.expand(heads)
     if g.numel() != heads:
@@ -205,7 +240,7 @@ def _log2_gamma(gamma: float | Sequence[float] | Tensor, heads: int, device: Any
         )
     if not bool(((g > 0) & (g <= 1)).all()):
         raise AttnbenchError(f"invalid gamma {g.tolist()}; accepted: 0 < gamma <= 1")
-    return torch.log2(g).to(device=device, dtype=torch.float32).contiguous()  # (H,)
+    return torch.log2(g).to(torch.float32).contiguous()  # (H,)
 
 
 class _Retention(torch.autograd.Function):
