@@ -18,6 +18,7 @@ import os
 import pytest
 import torch
 
+from attnbench.errors import AttnbenchError
 from attnbench.testing import compare_paths
 
 if os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on", "yes"):
@@ -213,7 +214,12 @@ def test_path_factories_wire_in_one_line(ops):
     with torch.no_grad():
         got = gau.fn(**x, causal=True, normalise="n^2", other=1)
     torch.testing.assert_close(got, gau_reference(**x, causal=True, norm="n2"))
-    ret = ops.retention_path(lambda heads, p: ops.retnet_gammas(heads))
+    ret = ops.retention_path(
+        lambda heads, p: ops.retnet_gammas(heads),
+        refuse=lambda p: None if p["normalization"] == "none" else "normalization=none only",
+    )
+    with pytest.raises(AttnbenchError, match="normalization=none only"):
+        ret.fn(**x, causal=True, normalization="rownorm")
     with torch.no_grad():
         got = ret.fn(**x, causal=True, normalization="none")
     torch.testing.assert_close(

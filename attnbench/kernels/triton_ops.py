@@ -350,18 +350,31 @@ def flash_global_chunked(
 # --------------------------------------------------------------------------------------------
 
 
+#: ``refuse(params)``: why these parameters are beyond the kernel (None when they are not).
+Refuse = Callable[[dict[str, Any]], str | None]
+
+
 def fused_path(fn: Callable[..., Tensor], memory: str, note: str, name: str = "triton") -> Path:
     """A fused Path (needs CUDA and Triton) around a path function."""
     return Path(name, "fused", fn, memory=memory, requires=REQUIRES, note=note)
 
 
+def _refused(kernel: str, refuse: Refuse | None, params: dict[str, Any]) -> None:
+    reason = refuse(params) if refuse is not None else None
+    if reason:
+        raise AttnbenchError(f"the Triton {kernel} kernel cannot run this call: {reason}")
+
+
 def gau_path(
     norm: Callable[[dict[str, Any]], str] = lambda params: params.get("norm", "ns"),
     chunk: Callable[[dict[str, Any]], int] = lambda params: 0,
+    refuse: Refuse | None = None,
 ) -> Path:
-    """The Triton GAU path; ``norm(params)`` gives "ns" or "n2", ``chunk(params)`` 0 or c."""
+    """The Triton GAU path; ``norm(params)`` gives "ns" or "n2", ``chunk(params)`` 0 or c;
+    ``refuse(params)`` names parameter values the kernel does not compute."""
 
     def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **params: Any) -> Tensor:
+        _refused("relu^2", refuse, params)
         return gau_relu2(q, k, v, causal=causal, norm=norm(params), chunk=chunk(params))
 
     fn.__name__ = fn.__qualname__ = "gau_triton"
@@ -370,13 +383,18 @@ def gau_path(
     )
 
 
-def retention_path(gamma: Callable[[int, dict[str, Any]], Sequence[float] | Tensor]) -> Path:
-    """The Triton chunkwise retention path; ``gamma(heads, params)`` gives the per-head decays
-    (e.g. RetNet's ``1 - 2**(-5 - arange(heads))``)."""
+def retention_path(
+    gamma: Callable[[int, dict[str, Any]], Sequence[float] | Tensor],
+    refuse: Refuse | None = None,
+) -> Path:
+    """The Triton chunkwise retention path (unnormalised, causal); ``gamma(heads, params)`` gives
+    the per-head decays (e.g. :func:`retnet_gammas`); ``refuse(params)`` names parameter values
+    the kernel does not compute (a row normalisation over |scores| needs every score)."""
 
     def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **params: Any) -> Tensor:
         if not causal:
             raise AttnbenchError("the Triton retention kernel is causal only; use causal=True")
+        _refused("retention", refuse, params)
         return retention_chunked(q, k, v, gamma(q.shape[1], params))
 
     fn.__name__ = fn.__qualname__ = "retention_triton"
@@ -387,6 +405,7 @@ def linear_path(
     feature_map: Callable[[Tensor], Tensor],
     normalize: Callable[[dict[str, Any]], bool] = lambda params: True,
     eps: Callable[[dict[str, Any]], float] = lambda params: 0.0,
+    refuse: Refuse | None = None,
 ) -> Path:
     """The Triton causal linear-attention path: q, k go through ``feature_map`` (phi, e.g.
     elu + 1), then :func:`linear_attention_chunked`. Bidirectional calls are refused (there the
@@ -395,6 +414,7 @@ def linear_path(
     def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **params: Any) -> Tensor:
         if not causal:
             raise AttnbenchError("the Triton linear-attention kernel is causal only")
+        _refused("linear-attention", refuse, params)
         return linear_attention_chunked(
             feature_map(q), feature_map(k), v, normalize=normalize(params), eps=eps(params)
         )
