@@ -68,7 +68,7 @@ def run_with_grads(
     o = fn(**leaves, **kwargs)
     wants = [k for k, v in leaves.items() if v.requires_grad]
     grads = torch.autograd.grad(
-        o, [leaves[k] for k in wants], grad_out.to(o.dtype), allow_unused=True
+        o, [leaves[k] for k in wants], grad_out.to(o.device, o.dtype), allow_unused=True
     )
     return o.detach(), {
         k: (g if g is not None else torch.zeros_like(leaves[k]))

@@ -14,6 +14,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench.kernels.sdpa import backend_path, backend_paths
 from attnbench.spec import Mechanism, Path, Shape, positive_int
 from attnbench.variants.dense import causal_mask, softmax_attention
 
@@ -37,6 +38,10 @@ PATHS = (
         sdpa,
         memory="O(n) (SDPA flash kernel, K/V not copied)",
         note="SDPA enable_gqa=True",
+    ),
+    *backend_paths(
+        lambda backend: backend_path(backend, enable_gqa=True),
+        note="enable_gqa=True (a backend without native GQA says so)",
     ),
 )
 

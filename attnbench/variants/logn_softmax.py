@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench.kernels.flex import ScoreMod, flex_fused
+from attnbench.kernels.sdpa import backend_paths, sdpa_with_backend
 from attnbench.spec import Mechanism, Param, Path
 from attnbench.variants.dense import causal_mask, softmax_attention
 
@@ -66,6 +68,36 @@ def sdpa(
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=1.0)
 
 
+def sdpa_backend(backend: str):
+    """A path pinned to one SDPA backend: the per-row factor folded into q, scale 1."""
+
+    def fn(
+        q: Tensor, k: Tensor, v: Tensor, *, causal: bool, base: float, clip: bool, min_n: int
+    ) -> Tensor:
+        q = q * row_scale(q, k, causal, base, clip, min_n)  # (B, H, T, D), row i scaled
+        return sdpa_with_backend(backend, q, k, v, causal=causal, scale=1.0)
+
+    fn.__name__ = fn.__qualname__ = f"sdpa_{backend}"
+    return fn
+
+
+def logn_score_mod(n: int, causal: bool, params) -> ScoreMod:
+    """FlexAttention score_mod multiplying row i's scaled scores by log_b(n_i) (n_i = i + 1 when
+    causal, n otherwise; floored at min_n, clipped at 1 when ``clip``). The 1/sqrt(d) is flex's
+    own scale, so together: log_b(n_i) / sqrt(d) * q.k, as in :func:`reference`."""
+    log_base = math.log(params["base"])
+    clip, min_n = params["clip"], params["min_n"]
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        keys = q_idx + 1 if causal else q_idx * 0 + n  # keys row q_idx sees
+        factor = torch.log(keys.clamp(min=min_n).to(score.dtype)) / log_base
+        if clip:
+            factor = factor.clamp(min=1.0)
+        return score * factor
+
+    return score_mod
+
+
 PARAMS = (
     Param(
         "base",
@@ -102,5 +134,7 @@ MECHANISM = Mechanism(
             memory="O(n) (SDPA flash kernel)",
             note="per-row factor folded into q, SDPA with scale=1",
         ),
+        *backend_paths(sdpa_backend, note="per-row factor folded into q"),
+        flex_fused(score_mod=logn_score_mod, note="FlexAttention with a log-n score_mod"),
     ),
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench.kernels.sdpa import backend_path, backend_paths
 from attnbench.spec import Mechanism, Path
 from attnbench.variants.dense import causal_mask, softmax_attention
 
@@ -35,5 +36,6 @@ MECHANISM = Mechanism(
             memory="O(n) (SDPA flash kernel)",
             note="torch SDPA; torch picks the backend",
         ),
+        *backend_paths(backend_path),
     ),
 )

@@ -1,0 +1,241 @@
+"""FlexAttention paths: a mechanism's ``visible`` rule as the ``mask_mod`` of a cached BlockMask,
+plus an optional ``score_mod`` (the log-n scale of Attention-E, LongNet's log-multiplicity bias).
+
+FlexAttention (torch >= 2.5, Dong et al. 2024, "Flex Attention: A Programming Model for Generating
+Optimized Attention Kernels") turns a mask rule into a block-sparse fused kernel: blocks the rule
+leaves empty are skipped, so a sliding window of w keys costs O(n w), not O(n^2).
+
+* CUDA: ``flex_attention`` under ``torch.compile`` (forward and backward); the BlockMask is built
+  once per (rule, params, n, causal, device) with ``_compile=True`` (never an n x n tensor) and
+  reused.
+* CPU: eager ``flex_attention``, forward only (torch has no CPU backward for it; it materialises
+  the score matrix, so it is a correctness check, not a fast path). Asking for gradients on the
+  CPU raises AttnbenchError.
+
+Must equal: the mechanism's dense reference (softmax over scores with the pattern's masked pairs at
+-inf, and the same score modification). Layout: q ``[B, H, T, D]``, k ``[B, Hkv, T, D]``,
+v ``[B, Hkv, T, Dv]`` -> ``[B, H, T, Dv]``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnbench.errors import AttnbenchError
+from attnbench.requirements import FLEX
+from attnbench.spec import Path
+
+#: ``visible(i, j, n, causal, params) -> bool tensor`` (see ``Mechanism.visible``).
+VisibleRule = Callable[..., Tensor]
+#: FlexAttention's ``score_mod(score, b, h, q_idx, kv_idx) -> score``.
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+#: Builds the score_mod for one call: ``(n, causal, params) -> ScoreMod``.
+ScoreModBuilder = Callable[[int, bool, Mapping[str, Any]], ScoreMod]
+
+#: dtypes the compiled CUDA kernel takes (its Triton templates have no float64).
+CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: How many BlockMasks / score_mods are kept (oldest dropped first).
+CACHE_SIZE = 64
+#: Recompilations of the compiled kernel allowed (one per length, direction, score_mod...).
+RECOMPILE_LIMIT = 64
+
+_block_masks: OrderedDict[Hashable, Any] = OrderedDict()
+_score_mods: OrderedDict[Hashable, ScoreMod] = OrderedDict()
+_compiled: dict[str, Callable[..., Tensor]] = {}
+
+
+def _freeze(value: Any) -> Hashable:
+    """A hashable stand-in for a parameter value (lists and dicts become tuples)."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, Tensor):
+        raise AttnbenchError("FlexAttention paths take no tensor parameters (got a tensor)")
+    return value
+
+
+def _remember(cache: OrderedDict, key: Hashable, make: Callable[[], Any]) -> Any:
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = make()
+    cache[key] = value
+    if len(cache) > CACHE_SIZE:
+        cache.popitem(last=False)
+    return value
+
+
+def mask_mod_for(
+    visible: VisibleRule | None, n: int, causal: bool, params: Mapping[str, Any]
+) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None:
+    """The ``mask_mod(b, h, q_idx, kv_idx)`` of a rule at length n; None for dense bidirectional.
+
+    Causality is ANDed in even when the rule already has it (idempotent, and a rule that forgot
+    it cannot leak the future).
+    """
+    if visible is None and not causal:
+        return None
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        seen = kv_idx <= q_idx if causal else None
+        if visible is not None:
+            rule = visible(q_idx, kv_idx, n, causal, params)
+            seen = rule if seen is None else seen & rule
+        return seen
+
+    return mask_mod
+
+
+def block_mask_for(
+    visible: VisibleRule | None,
+    n: int,
+    causal: bool,
+    params: Mapping[str, Any],
+    device: torch.device,
+) -> Any:
+    """The BlockMask of a rule (None for dense bidirectional), built once and cached per
+    (rule, params, n, causal, device)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    key = (visible, _freeze(params), n, causal, str(device))
+
+    def make() -> Any:
+        mask_mod = mask_mod_for(visible, n, causal, params)
+        if mask_mod is None:
+            return None
+        # On CUDA the mask is evaluated block by block under compile: no n x n tensor.
+        return create_block_mask(
+            mask_mod, None, None, n, n, device=device, _compile=device.type == "cuda"
+        )
+
+    return _remember(_block_masks, key, make)
+
+
+def score_mod_for(
+    builder: ScoreModBuilder | None, n: int, causal: bool, params: Mapping[str, Any]
+) -> ScoreMod | None:
+    """The score_mod for this call, cached so that the compiled kernel sees the same function
+    object each time (a new closure per call would recompile)."""
+    if builder is None:
+        return None
+    key = (builder, _freeze(params), n, causal)
+    return _remember(_score_mods, key, lambda: builder(n, causal, params))
+
+
+def _kernel(device: torch.device) -> Callable[..., Tensor]:
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if device.type != "cuda":
+        return flex_attention
+    if "cuda" not in _compiled:
+        # Every new length (and score_mod closure) recompiles; past dynamo's per-function limit
+        # (8 by default) dynamo would quietly run flex eagerly, the unfused O(n^2) kernel, in the
+        # middle of a sweep. Raise the limit once, never lower it.
+        import torch._dynamo.config as dynamo_config
+
+        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+        _compiled["cuda"] = torch.compile(flex_attention, dynamic=False)
+    return _compiled["cuda"]
+
+
+def check_call(q: Tensor, k: Tensor, v: Tensor) -> None:
+    """Raise AttnbenchError (one line) when FlexAttention cannot run this call here."""
+    if q.device.type == "cuda":
+        if q.dtype not in CUDA_DTYPES:
+            ok = ", ".join(str(d).removeprefix("torch.") for d in CUDA_DTYPES)
+            raise AttnbenchError(f"FlexAttention on CUDA does not take {q.dtype}; accepted: {ok}")
+        return
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if needs_grad:
+        raise AttnbenchError(
+            "FlexAttention has no backward on CPU (forward only); use a CUDA device or no_grad"
+        )
+
+
+def flex_attention_for(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    params: Mapping[str, Any],
+    visible: VisibleRule | None = None,
+    score_mod: ScoreModBuilder | None = None,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """FlexAttention with the BlockMask of ``visible`` (and causality) and the score_mod built by
+    ``score_mod(n, causal, params)``. q ``[B, H, T, D]``, k ``[B, Hkv, T, D]``,
+    v ``[B, Hkv, T, Dv]`` -> ``[B, H, T, Dv]``. ``scale`` None means 1/sqrt(D), applied to
+    q.k before the score_mod. Rows that see no key give zeros (as the references do).
+    """
+    check_call(q, k, v)
+    if q.device.type != "cuda":  # eager flex refuses inputs that require grad, even under no_grad
+        q, k, v = q.detach(), k.detach(), v.detach()
+    n = q.shape[-2]
+    block_mask = block_mask_for(visible, n, causal, params, q.device)
+    mod = score_mod_for(score_mod, n, causal, params)
+    kernel = _kernel(q.device)
+    with warnings.catch_warnings():
+        # Eager (CPU) flex warns that it is unfused; that is known and said in the docstring.
+        warnings.filterwarnings("ignore", message=".*flex_attention called without torch.compile")
+        return kernel(
+            q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
+        )
+
+
+def flex_path(
+    visible: VisibleRule | None = None,
+    score_mod: ScoreModBuilder | None = None,
+    *,
+    enable_gqa: bool = False,
+    name: str = "flex",
+) -> Callable[..., Tensor]:
+    """A path function ``fn(q, k, v, *, causal, **params)`` running FlexAttention for a
+    mechanism whose pattern is ``visible(i, j, n, causal, params)`` (None: dense) and whose scores
+    are modified by the score_mod that ``score_mod(n, causal, params)`` builds (None: plain
+    scaled scores). q, k, v: ``[B, H, T, D]`` -> ``[B, H, T, Dv]``.
+    """
+
+    def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **params: Any) -> Tensor:
+        return flex_attention_for(
+            q,
+            k,
+            v,
+            causal=causal,
+            params=params,
+            visible=visible,
+            score_mod=score_mod,
+            enable_gqa=enable_gqa,
+        )
+
+    fn.__name__ = fn.__qualname__ = name.replace("-", "_")
+    return fn
+
+
+def flex_fused(
+    visible: VisibleRule | None = None,
+    score_mod: ScoreModBuilder | None = None,
+    *,
+    enable_gqa: bool = False,
+    name: str = "flex",
+    note: str = "",
+) -> Path:
+    """The registry entry of a FlexAttention path: ``Path(name, "fused", flex_path(...))`` that
+    needs FlexAttention (forward only on the CPU). The one-line wiring for a sparse mechanism:
+    ``flex_fused(visible)``; with a score modification: ``flex_fused(visible, builder)``."""
+    return Path(
+        name,
+        "fused",
+        flex_path(visible, score_mod, enable_gqa=enable_gqa, name=name),
+        memory="O(n) + BlockMask (compiled, CUDA); CPU: eager, forward only, O(n^2)",
+        requires=(FLEX,),
+        note=note or "FlexAttention, cached BlockMask; compiled on CUDA",
+    )
