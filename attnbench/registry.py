@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from attnbench.errors import unknown
 from attnbench.spec import Mechanism
-from attnbench.variants import flash_tiled, grouped, logn_softmax, softmax
+from attnbench.variants import aft, flash_tiled, grouped, logn_softmax, softmax
 
 MECHANISMS: tuple[Mechanism, ...] = (
     softmax.MECHANISM,
@@ -16,6 +16,10 @@ MECHANISMS: tuple[Mechanism, ...] = (
     flash_tiled.MECHANISM,
     grouped.MQA,
     grouped.GQA,
+    aft.FULL,
+    aft.LOCAL,
+    aft.SIMPLE,
+    aft.CONV,
 )
 
 
