@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from attnbench.errors import unknown
 from attnbench.spec import Mechanism
-from attnbench.variants import aft, flash_tiled, grouped, logn_softmax, softmax
+from attnbench.variants import aft, flash_tiled, grouped, linear, logn_softmax, retention, softmax
 
 MECHANISMS: tuple[Mechanism, ...] = (
     softmax.MECHANISM,
@@ -20,6 +20,8 @@ MECHANISMS: tuple[Mechanism, ...] = (
     aft.LOCAL,
     aft.SIMPLE,
     aft.CONV,
+    linear.MECHANISM,
+    retention.MECHANISM,
 )
 
 
