@@ -15,11 +15,14 @@ it cannot underflow unless w itself spans ~80 (fp32).
 
 Causal (the paper's autoregressive form masks w: t' <= t): a single per-feature maximum of K
 would be taken over keys that early rows cannot see and underflow them (K x 50: ~60 % of the
-features of row 0 in fp32). So the causal path works on blocks of ``chunk`` query rows: keys
-before the block, which every row of it sees, by the two stabilised products; keys inside the
-block densely (``chunk x chunk x d``) with each row's own maximum; the two merged exactly. Each
-block runs under activation checkpointing, so backward keeps O(chunk * d) per block rather than
-the products' inputs (which would be O(T^2 d / chunk)) and recomputes the block's forward.
+features of row 0 in fp32). So the causal path divides the triangle recursively: a square of
+rows/keys [a, b) is its two half-squares on the diagonal (recursed) plus the rectangle of rows
+[mid, b) x keys [a, mid), which every one of those rows sees entirely and which is therefore two
+stabilised products as above, merged exactly into the lower half-square's partial sums.
+Squares of at most ``chunk`` rows are computed densely (``chunk x chunk x d``, each row with
+its own maximum). Work: the T^2/2 visible pairs in matrix products plus O(T d log T + T chunk d)
+elementwise; memory O(T^2 + T d log T + T chunk d). Sub-blocks are taken with ``split``, so
+backward costs O(size) per level rather than a full-size zero-fill per slice.
 """
 
 from __future__ import annotations
@@ -30,13 +33,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from attnbench.spec import ExtraInput, Mechanism, Param, Path, Shape, positive_int
 from attnbench.variants.aft.common import as_features, check_elementwise, from_features
 from attnbench.variants.aft.dense import aft_dense
 from attnbench.variants.aft.layer import aft_layer
-from attnbench.variants.aft.softmax_sums import average, dense, merge
+from attnbench.variants.aft.softmax_sums import Partial, average, dense, merge
 
 
 def bias_of(factorized: bool, w: Tensor | None, w_u: Tensor | None, w_v: Tensor | None) -> Tensor:
@@ -70,24 +72,29 @@ def _all_keys(w: Tensor, kf: Tensor, vf: Tensor) -> Tensor:
     return num / den
 
 
-def _causal_block(w_rows: Tensor, kf: Tensor, vf: Tensor, i0: int) -> Tensor:
-    """Weighted averages of query rows i0..i0+c-1 (``w_rows`` = w[i0:i0+c], [c, T]) over keys
-    t' <= t. kf, vf [T, F] -> [c, F]."""
-    c = w_rows.shape[0]
-    i1 = i0 + c
-    logits = w_rows[:, i0:i1, None] + kf[None, i0:i1, :]  # (c, c', F)
-    future = torch.ones(c, c, dtype=torch.bool, device=kf.device).triu(1)
-    logits = logits.masked_fill(future[:, :, None], float("-inf"))
-    part = dense(logits, vf[None, i0:i1, :], dim=1)  # keys i0..t, each (c, F)
-    if i0 > 0:
-        wp, kp = w_rows[:, :i0], kf[:i0]  # (c, i0), (i0, F): keys every row of the block sees
-        mw = wp.detach().amax(-1, keepdim=True)  # (c, 1)
-        mk = kp.detach().amax(0, keepdim=True)  # (1, F)
-        ek = torch.exp(kp - mk)  # (i0, F)
-        num_den = torch.exp(wp - mw) @ torch.cat((ek * vf[:i0], ek), dim=-1)  # (c, 2F)
-        num, den = num_den.chunk(2, dim=-1)
-        part = merge(part, (mw + mk, num, den))
-    return average(part)
+def _triangle(w: Tensor, kf: Tensor, vf: Tensor, leaf: int) -> Partial:
+    """Partial sums of every row over keys t' <= t, for a diagonal square of the problem.
+    w [n, n] (rows and keys of the square), kf, vf [n, F] -> (m, num, den), each [n, F]."""
+    n = w.shape[0]
+    if n <= leaf:
+        logits = w[:, :, None] + kf[None, :, :]  # (n, n', F)
+        future = torch.ones(n, n, dtype=torch.bool, device=kf.device).triu(1)
+        return dense(logits.masked_fill(future[:, :, None], float("-inf")), vf[None], dim=1)
+    h = n // 2
+    top_rows, bottom_rows = w.split((h, n - h), dim=0)
+    w_top, _ = top_rows.split((h, n - h), dim=1)  # the upper-right quadrant is the future
+    w_rect, w_bottom = bottom_rows.split((h, n - h), dim=1)
+    k_top, k_bottom = kf.split((h, n - h), dim=0)
+    v_top, v_bottom = vf.split((h, n - h), dim=0)
+    top = _triangle(w_top, k_top, v_top, leaf)  # rows [0, h), keys [0, t]
+    bottom = _triangle(w_bottom, k_bottom, v_bottom, leaf)  # rows [h, n), keys [h, t]
+    mw = w_rect.detach().amax(-1, keepdim=True)  # (n-h, 1)
+    mk = k_top.detach().amax(0, keepdim=True)  # (1, F)
+    ek = torch.exp(k_top - mk)  # (h, F)
+    num_den = torch.exp(w_rect - mw) @ torch.cat((ek * v_top, ek), dim=-1)  # (n-h, 2F)
+    num, den = num_den.chunk(2, dim=-1)
+    bottom = merge(bottom, (mw + mk, num, den))  # rows [h, n) also see every key in [0, h)
+    return tuple(torch.cat(pair, dim=0) for pair in zip(top, bottom, strict=True))
 
 
 def efficient(
@@ -106,28 +113,24 @@ def efficient(
     """Two stabilised matrix products (blocked when causal). q, k, v: [B, H, T, D]."""
     bias = bias_of(factorized, w, w_u, w_v)  # (T, T)
     kf, vf = as_features(k), as_features(v)  # (T, F), F = B*H*D
-    if not causal:
-        avg = _all_keys(bias, kf, vf)  # (T, F)
-    else:
-        t = kf.shape[0]
-        blocks = [
-            checkpoint(_causal_block, bias[i0 : i0 + chunk], kf, vf, i0, use_reentrant=False)
-            for i0 in range(0, t, chunk)
-        ]
-        avg = torch.cat(blocks, dim=0)  # (T, F)
+    avg = average(_triangle(bias, kf, vf, chunk)) if causal else _all_keys(bias, kf, vf)
     return torch.sigmoid(q) * from_features(avg, q)
+
+
+def _causal_terms(n: int, leaf: int) -> int:
+    """(query, key) terms the causal recursion evaluates: dense leaves (masked entries included)
+    plus every rectangle."""
+    if n <= leaf:
+        return n * n
+    h = n // 2
+    return _causal_terms(h, leaf) + _causal_terms(n - h, leaf) + (n - h) * h
 
 
 def flops(shape: Shape, causal: bool, params: Mapping[str, Any]) -> int:
     """4 per (query, key, feature) term the path evaluates (see aft.common), plus 2 T^2 rank for
-    ``w_u @ w_v^T``. Causal: each block of c rows evaluates the keys before it and its own c x c
-    square (masked entries included)."""
+    ``w_u @ w_v^T``."""
     t, feats = shape.seq_len, shape.batch * shape.heads * shape.head_dim
-    if causal:
-        c = params["chunk"]
-        terms = sum(min(c, t - i0) * min(i0 + c, t) for i0 in range(0, t, c))
-    else:
-        terms = t * t
+    terms = _causal_terms(t, params["chunk"]) if causal else t * t
     extra = 2 * t * t * params["rank"] if params["factorized"] else 0
     return 4 * feats * terms + extra
 
@@ -166,7 +169,7 @@ MECHANISM = Mechanism(
             "w = w_u @ w_v^T with w_u, w_v [T, rank] (the paper's factorised form)",
         ),
         positive_int("rank", 128, "d', the width of the factorised bias (used when factorized)"),
-        positive_int("chunk", 64, "query rows per block of the causal efficient path"),
+        positive_int("chunk", 32, "causal path: squares of at most this many rows are dense"),
     ),
     extra_inputs=(
         ExtraInput(
@@ -196,9 +199,9 @@ MECHANISM = Mechanism(
             "efficient",
             "efficient",
             efficient,
-            memory="O(n^2 + n d)",
-            note="exp(w) @ [exp(K) V, exp(K)] with exact row/feature maxima; causal: blocks of "
-            "`chunk` rows under checkpointing",
+            memory="O(n^2 + n d); causal O(n^2 + n d log n + n chunk d)",
+            note="exp(w) @ [exp(K) V, exp(K)] with exact row/feature maxima; causal: recursive "
+            "halving of the triangle into such products, dense squares of `chunk` rows",
         ),
     ),
     check_inputs=check_elementwise,

@@ -52,9 +52,9 @@ def chunkwise(
     states = kc.transpose(-2, -1) @ (vc * zeta[..., None])  # (B, H, n, D, Dv')
     r = states.new_zeros(b, h, d, dv)  # R_{-1} = 0
     before = []
-    for i in range(n):
+    for state in states.unbind(2):  # unbind, not states[:, :, i]: one backward, not n zero-fills
         before.append(r)  # R_{i-1}
-        r = carry * r + states[:, :, i]
+        r = carry * r + state
     cross = (qc * xi[..., None]) @ torch.stack(before, dim=2)  # (B, H, n, c, Dv')
     out = (inner + cross).view(b, h, n * c, dv)[:, :, :t]
     return finish(out, normalize, log_g)
