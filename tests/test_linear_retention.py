@@ -313,3 +313,13 @@ def test_cli_turns_parameter_errors_into_exit_2():
         result = runner.invoke(app, ["resolve", name, "--param", bad])
         assert result.exit_code == 2
         assert result.output.count("\n") == 1 and result.output.startswith("error: ")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_uses_the_generic_layer(causal):
+    """linear has no learned extra inputs: make_layer gives the generic mixer, rope included."""
+    layer = make_layer("linear", 32, 4, causal=causal, rope=Rotary(8))
+    y = layer(torch.randn(2, 30, 32))
+    y.square().sum().backward()
+    assert y.shape == (2, 30, 32)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in layer.parameters())
