@@ -8,7 +8,17 @@ from __future__ import annotations
 
 from attnbench.errors import unknown
 from attnbench.spec import Mechanism
-from attnbench.variants import flash_mixed, flash_tiled, gau, grouped, logn_softmax, softmax
+from attnbench.variants import (
+    aft,
+    flash_mixed,
+    flash_tiled,
+    gau,
+    grouped,
+    linear,
+    logn_softmax,
+    retention,
+    softmax,
+)
 
 MECHANISMS: tuple[Mechanism, ...] = (
     softmax.MECHANISM,
@@ -16,9 +26,15 @@ MECHANISMS: tuple[Mechanism, ...] = (
     flash_tiled.MECHANISM,
     grouped.MQA,
     grouped.GQA,
+    aft.FULL,
+    aft.LOCAL,
+    aft.SIMPLE,
+    aft.CONV,
     gau.MECHANISM,
     flash_mixed.FLASH,
     flash_mixed.MC_SOFTMAX,
+    linear.MECHANISM,
+    retention.MECHANISM,
 )
 
 

@@ -1,0 +1,146 @@
+"""AFT-conv: a per-head 1-D kernel as the bias, computed by convolution (Zhai et al. 2021; seed
+001). For head i with kernel w^i of size s::
+
+    Y[t] = sigmoid(Q[t]) * [conv1d(e^K * V, e^{w^i} - 1) + sum_t' e^{K[t']} V[t']]
+                         / [conv1d(e^K,     e^{w^i} - 1) + sum_t' e^{K[t']}]
+
+i.e. AFT with bias w[t, t'] = w^i[j] at offset t' - t = j - (s - 1) // 2 (a centred kernel,
+PyTorch's ``padding='same'`` alignment) and 0 elsewhere: global connectivity is kept. The kernel
+is reparameterised per head as ``gamma (w - mean(w)) / std(w) + beta`` with ``gamma = beta = 0``
+at initialisation (so a fresh layer is AFT-simple); std is the population std with 1e-5 added to
+the variance, as in LayerNorm, so that s = 1 is defined.
+
+Choices where the paper is silent or differs from our layout: K is elementwise like the other AFT
+forms (the paper gives K one scalar per head to save parameters; tying K across a head's
+features in the projection recovers it). The paper defines AFT-conv for images (non-causal) and
+has no causal form, so ``causal=True`` is an error.
+
+Stabilisation is exact: a per-feature maximum of K is subtracted from every exponent and cancels;
+every row sees every key, so the denominator stays >= e^{min(w, 0)} at K's maximum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnbench.errors import AttnbenchError
+from attnbench.spec import ExtraInput, Mechanism, Path, Shape, positive_int
+from attnbench.variants.aft.common import check_elementwise
+from attnbench.variants.aft.dense import aft_dense, kernel_to_dense
+from attnbench.variants.aft.layer import aft_layer, same_at_every_length
+
+VAR_EPS = 1e-5
+NO_CAUSAL = "aft-conv has no causal form (the paper defines it for images); use aft-local"
+
+
+def effective_kernel(kernel: Tensor, gamma: Tensor, beta: Tensor) -> Tensor:
+    """The paper's reparameterisation, per head: kernel ``[H, s]``, gamma, beta ``[H]``."""
+    mean = kernel.mean(-1, keepdim=True)  # (H, 1)
+    var = kernel.var(-1, unbiased=False, keepdim=True)  # (H, 1)
+    return gamma[:, None] * (kernel - mean) / torch.sqrt(var + VAR_EPS) + beta[:, None]
+
+
+def reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    s: int,
+    kernel: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+) -> Tensor:
+    """Dense AFT with the kernel laid out as a Toeplitz bias per head. q, k, v: [B, H, T, D]."""
+    if causal:
+        raise AttnbenchError(NO_CAUSAL)
+    bias = kernel_to_dense(effective_kernel(kernel, gamma, beta), q.shape[-2])  # (H, T, T)
+    return aft_dense(q, k, v, bias, causal=False)
+
+
+def conv(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    s: int,
+    kernel: Tensor,
+    gamma: Tensor,
+    beta: Tensor,
+) -> Tensor:
+    """The seed's formula with a depthwise ``F.conv1d``. q, k, v: [B, H, T, D] -> [B, H, T, D].
+
+    Written as ``conv1d(x, e^w) + (keys outside the kernel's reach)``, which is the seed's
+    ``conv1d(x, e^w - 1) + sum_t' x`` with the window's unit terms moved out of the global sum:
+    the outside keys come from prefix and suffix cumulative sums, so nothing is subtracted (the
+    seed's form cancels when e^w << 1 where the mass is, e.g. 30 ulps of error on dK at T = 1).
+    """
+    if causal:
+        raise AttnbenchError(NO_CAUSAL)
+    b, h, t, d = q.shape
+    left, right = (s - 1) // 2, s - 1 - (s - 1) // 2  # the kernel reaches t - left .. t + right
+    taps = torch.exp(effective_kernel(kernel, gamma, beta))  # (H, s)
+    ek = torch.exp(k - k.detach().amax(-2, keepdim=True))  # (B, H, T, D), feature max 1
+    x = torch.cat((ek * v, ek), dim=-1).transpose(-2, -1).reshape(b, h * 2 * d, t)  # (B, 2HD, T)
+    weight = taps.repeat_interleave(2 * d, dim=0)[:, None, :]  # (H*2D, 1, s)
+    inside = F.conv1d(F.pad(x, (left, right)), weight, groups=h * 2 * d)  # (B, 2HD, T)
+    before = F.pad(x.cumsum(-1), (left + 1, 0))[..., :t]  # keys t' < t - left
+    after = F.pad(x.flip(-1).cumsum(-1).flip(-1), (0, right + 1))[..., right + 1 :]  # t' > t+right
+    num_den = (inside + before + after).reshape(b, h, 2 * d, t).transpose(-2, -1)  # (B,H,T,2D)
+    num, den = num_den.split(d, dim=-1)
+    return torch.sigmoid(q) * num / den
+
+
+def flops(shape: Shape, causal: bool, params: Mapping[str, Any]) -> int:
+    """4 per (query, kernel tap, feature) (the convolution: 2 channels x multiply-add) plus 4 per
+    (key, feature) for the sums outside the kernel (see aft.common)."""
+    feats = shape.batch * shape.heads * shape.head_dim
+    return 4 * feats * shape.seq_len * (params["s"] + 1)
+
+
+def layer_init(params: Mapping[str, Any], heads: int, max_len: int) -> dict[str, Tensor]:
+    """The paper's init: gamma = beta = 0 (the effective kernel starts at 0); raw kernel N(0, 1)
+    so that gamma receives a gradient."""
+    return {
+        "kernel": torch.randn(heads, params["s"]),
+        "gamma": torch.zeros(heads),
+        "beta": torch.zeros(heads),
+    }
+
+
+MECHANISM = Mechanism(
+    name="aft-conv",
+    family="aft",
+    description="AFT with a per-head 1-D kernel bias (gamma/beta reparameterised), via conv1d",
+    source="Zhai et al. 2021 (AFT-conv); seed 001",
+    params=(positive_int("s", 7, "kernel size (centred: offsets -(s-1)//2 .. s//2)"),),
+    extra_inputs=(
+        ExtraInput("kernel", "raw kernel per head [H, s]", lambda sh, p: (sh.heads, p["s"])),
+        ExtraInput("gamma", "kernel gain per head [H] (0 at init)", lambda sh, p: (sh.heads,)),
+        ExtraInput("beta", "kernel bias per head [H] (0 at init)", lambda sh, p: (sh.heads,)),
+    ),
+    paths=(
+        Path("reference", "reference", reference, memory="O(n^2 d)"),
+        Path(
+            "efficient",
+            "efficient",
+            conv,
+            memory="O(n d)",
+            note="depthwise F.conv1d with e^w taps plus prefix/suffix sums outside the kernel",
+        ),
+    ),
+    causal=False,
+    check_inputs=check_elementwise,
+    flops=flops,
+    layer=aft_layer(layer_init, same_at_every_length),
+    time="O(n s d)",
+    memory="O(n d)",
+    notes="Bidirectional only: the paper has no causal AFT-conv. The kernel does not depend on T, "
+    "so any length works.",
+)

@@ -1,0 +1,103 @@
+"""Exactly stabilised AFT sums: partial softmax sums carried as (m, num, den), merged like
+FlashAttention's online softmax.
+
+Every AFT output is a weighted average ``sum_t' e^{a[t, t']} V[t'] / sum_t' e^{a[t, t']}`` per
+feature, with logits ``a = w[t, t'] + K[t']``. A partial sum over a set of keys is held as three
+tensors of the same shape ``[..., T, F]``:
+
+* ``m``   a stabiliser, detached: the largest logit of the set (``-inf`` for an empty set),
+* ``num`` ``sum e^{a - m} V`` and ``den`` ``sum e^{a - m}`` (so ``den >= 1`` unless empty).
+
+Two disjoint sets merge exactly: ``m = max(m1, m2)``, ``num = num1 e^{m1 - m} + num2 e^{m2 - m}``
+(likewise ``den``). The stabiliser is a maximum of actual logits, never a rounded log-sum, so the
+rescaling factors are as precise as the dense reference's own ``exp(a - max a)`` (a log-sum-exp
+representation loses ``eps * |a|`` per merge: 6x the reference's error at K ~ N(0, 1), 1000x on
+dK at K x 50, measured with ``torch.logcumsumexp``).
+
+:func:`prefix_scan` computes inclusive prefix sums over positions with a tree of merges (depth
+log2 T, O(T F) work and memory, no Python loop over T); :func:`suffix_scan` is its mirror.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+Partial = tuple[Tensor, Tensor, Tensor]  # (m, num, den), each [..., T, F]
+
+
+def leaves(k: Tensor, v: Tensor) -> Partial:
+    """One-key sets: m = K (detached), num = e^{K - m} V (= V, with K's gradient), den = e^0."""
+    m = k.detach()
+    e = torch.exp(k - m)  # ones, but differentiable in k
+    return m, e * v, e
+
+
+def merge(a: Partial, b: Partial) -> Partial:
+    """The partial sums of the union of two disjoint key sets (one of them may be empty)."""
+    m = torch.maximum(a[0], b[0])
+    fa, fb = torch.exp(a[0] - m), torch.exp(b[0] - m)  # <= 1; 0 for an empty set
+    return m, a[1] * fa + b[1] * fb, a[2] * fa + b[2] * fb
+
+
+def empty_like(p: Partial, length: int) -> Partial:
+    """``length`` empty sets shaped like ``p`` along dim -2: (-inf, 0, 0)."""
+    shape = (*p[0].shape[:-2], length, p[0].shape[-1])
+    m = torch.full(shape, float("-inf"), dtype=p[0].dtype, device=p[0].device)
+    zero = torch.zeros(shape, dtype=p[1].dtype, device=p[1].device)
+    return m, zero, zero
+
+
+def shift(p: Partial, by: int) -> Partial:
+    """Move every position ``by`` steps later along dim -2 (``by < 0``: earlier), filling with
+    empty sets and keeping the length."""
+    t = p[0].shape[-2]
+    if by == 0:
+        return p
+    if abs(by) >= t:
+        return empty_like(p, t)
+    pairs = zip(empty_like(p, abs(by)), p, strict=True)
+    if by > 0:
+        return tuple(torch.cat((f, x[..., : t - by, :]), dim=-2) for f, x in pairs)
+    return tuple(torch.cat((x[..., -by:, :], f), dim=-2) for f, x in pairs)
+
+
+def prefix_scan(p: Partial) -> Partial:
+    """Inclusive prefix sums along dim -2: position t holds the set of positions 0..t.
+
+    Pairs (2i, 2i+1) are merged, the half-length sequence is scanned recursively, and the even
+    positions get the pair prefix before them merged with themselves.
+    """
+    t = p[0].shape[-2]
+    if t == 1:
+        return p
+    if t % 2:
+        p = tuple(torch.cat((x, f), dim=-2) for x, f in zip(p, empty_like(p, 1), strict=True))
+    even = tuple(x[..., 0::2, :] for x in p)
+    odd = tuple(x[..., 1::2, :] for x in p)
+    upto_odd = prefix_scan(merge(even, odd))  # [i] covers 0..2i+1
+    upto_even = merge(shift(upto_odd, 1), even)  # [i] covers 0..2i
+    return tuple(
+        torch.stack((e, o), dim=-2).flatten(-3, -2)[..., :t, :]  # interleave: 0, 1, 2, ...
+        for e, o in zip(upto_even, upto_odd, strict=True)
+    )
+
+
+def suffix_scan(p: Partial) -> Partial:
+    """Inclusive suffix sums along dim -2: position t holds the set of positions t..T-1."""
+    flipped = prefix_scan(tuple(x.flip(-2) for x in p))
+    return tuple(x.flip(-2) for x in flipped)
+
+
+def dense(logits: Tensor, v: Tensor, dim: int) -> Partial:
+    """Partial sums of a dense block of logits reduced over ``dim`` (masked entries -inf); the
+    stabiliser is the block's own per-row maximum, so ``den >= 1`` whenever a key is visible."""
+    m = logits.detach().amax(dim, keepdim=True)
+    safe = torch.where(torch.isfinite(m), m, torch.zeros((), dtype=m.dtype))  # all-masked rows
+    e = torch.exp(logits - safe)  # 0 at masked entries
+    return m.squeeze(dim), (e * v).sum(dim), e.sum(dim)
+
+
+def average(p: Partial) -> Tensor:
+    """num / den: the weighted average of V the partial sums describe."""
+    return p[1] / p[2]

@@ -1,0 +1,208 @@
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"; seed 000).
+
+    O_t = phi(Q_t) (sum_t' phi(K_t')^T V_t') / (phi(Q_t) sum_t' phi(K_t')^T + eps)
+
+with t' over all positions (bidirectional) or t' <= t (causal); phi = elu + 1 by default, the
+paper's choice. ``normalize=True`` (default) divides by phi(Q) sum phi(K)^T as the paper does,
+with Katharopoulos' eps = 1e-6 added to the denominator; ``normalize=False`` returns the bare
+sum (as fla's linear attention does with its normaliser off). No 1/sqrt(d) scale: with the
+normaliser it would cancel.
+
+Paths (all three compute the same function):
+
+* ``reference``: dense ``(phi(Q) phi(K)^T, zeroed above the diagonal when causal) V``, T x T.
+* ``chunkwise`` (default): bidirectional, ``phi(K)^T V`` once (O(T d^2)). Causal, chunks of
+  ``chunk`` positions: inside a chunk densely (``chunk x chunk``), across chunks through an
+  exclusive cumulative sum of the per-chunk states ``phi(K_c)^T V_c``, so memory is
+  O(T chunk + T d^2 / chunk), never the T d^2 of one state per position (the seed's b*n*s^2).
+* ``recurrent``: the RNN view, a Python loop over positions, ``S_t = S_{t-1} + phi(K_t)^T V_t``,
+  ``O_t = phi(Q_t) S_t`` (bidirectional: every query reads the final state). O(d^2) state;
+  autograd keeps one state per step for backward.
+
+The normaliser rides along as an extra column of ones appended to V in the efficient paths
+(``phi(K)^T [V, 1]`` carries sum phi(K) in its last column).
+
+FLOPs (``Mechanism.flops``) are those of the default ``chunkwise`` path's matrix products, as
+``torch.utils.flop_counter.FlopCounterMode`` counts them (2 per multiply-add, the ones column and
+the zero padding of a last partial chunk included); the feature map and the division are not
+counted, as dense attention's count leaves out its softmax.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnbench.spec import Mechanism, Param, Path, Shape, positive_int
+
+FEATURE_MAPS: dict[str, Callable[[Tensor], Tensor]] = {
+    "elu+1": lambda x: F.elu(x) + 1,  # Katharopoulos et al. 2020
+    "relu": F.relu,
+    "identity": lambda x: x,
+}
+
+
+def phi(x: Tensor, feature_map: str) -> Tensor:
+    return FEATURE_MAPS[feature_map](x)
+
+
+def reference(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    feature_map: str,
+    normalize: bool,
+    eps: float,
+    chunk: int,
+) -> Tensor:
+    """Dense T x T scores phi(Q) phi(K)^T. q, k: [B, H, T, D], v: [B, H, T, Dv] -> [B, H, T, Dv]."""
+    t = q.shape[-2]
+    scores = phi(q, feature_map) @ phi(k, feature_map).transpose(-2, -1)  # (B, H, T, T)
+    if causal:
+        future = torch.ones(t, t, dtype=torch.bool, device=q.device).triu(1)
+        scores = scores.masked_fill(future, 0.0)
+    out = scores @ v  # (B, H, T, Dv)
+    if normalize:
+        out = out / (scores.sum(-1, keepdim=True) + eps)
+    return out
+
+
+def _values(v: Tensor, normalize: bool) -> Tensor:
+    """V with a ones column appended when normalising: [B, H, T, Dv] -> [B, H, T, Dv + 1]."""
+    return torch.cat((v, torch.ones_like(v[..., :1])), dim=-1) if normalize else v
+
+
+def _finish(o: Tensor, normalize: bool, eps: float) -> Tensor:
+    """Divide by the last (normaliser) column when normalising. [.., Dv + 1] -> [.., Dv]."""
+    return o[..., :-1] / (o[..., -1:] + eps) if normalize else o
+
+
+def chunkwise(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    feature_map: str,
+    normalize: bool,
+    eps: float,
+    chunk: int,
+) -> Tensor:
+    """Dense inside chunks, prefix sums of chunk states across. q, k, v: [B, H, T, D]."""
+    fq, fk, vv = phi(q, feature_map), phi(k, feature_map), _values(v, normalize)
+    if not causal:
+        return _finish(fq @ (fk.transpose(-2, -1) @ vv), normalize, eps)  # (B, H, T, Dv')
+    b, h, t, d = fq.shape
+    c = min(chunk, t)
+    n = math.ceil(t / c)
+    pad = n * c - t  # zero rows: padded keys add nothing, padded queries are cut off
+    qc = F.pad(fq, (0, 0, 0, pad)).view(b, h, n, c, d)  # (B, H, n, c, D)
+    kc = F.pad(fk, (0, 0, 0, pad)).view(b, h, n, c, d)  # (B, H, n, c, D)
+    vc = F.pad(vv, (0, 0, 0, pad)).view(b, h, n, c, -1)  # (B, H, n, c, Dv')
+    future = torch.ones(c, c, dtype=torch.bool, device=q.device).triu(1)
+    inner = (qc @ kc.transpose(-2, -1)).masked_fill(future, 0.0) @ vc  # (B, H, n, c, Dv')
+    states = kc.transpose(-2, -1) @ vc  # (B, H, n, D, Dv'): one per chunk
+    before = torch.cat((torch.zeros_like(states[:, :, :1]), states[:, :, :-1].cumsum(2)), dim=2)
+    out = inner + qc @ before  # (B, H, n, c, Dv')
+    return _finish(out.view(b, h, n * c, -1)[:, :, :t], normalize, eps)
+
+
+def recurrent(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    feature_map: str,
+    normalize: bool,
+    eps: float,
+    chunk: int,
+) -> Tensor:
+    """The RNN form, one position at a time. q, k, v: [B, H, T, D] -> [B, H, T, Dv]."""
+    fq, fk, vv = phi(q, feature_map), phi(k, feature_map), _values(v, normalize)
+    b, h, t, d = fq.shape
+    state = fq.new_zeros(b, h, d, vv.shape[-1])  # (B, H, D, Dv')
+    outs = []
+    # unbind rather than x[:, :, i]: indexing in a loop costs a full-size zero-fill per step in
+    # backward (O(T^2 d)); unbind's backward stacks once.
+    for qi, ki, vi in zip(fq.unbind(2), fk.unbind(2), vv.unbind(2), strict=True):
+        state = state + ki[..., :, None] * vi[..., None, :]  # S_t = S_{t-1} + k^T v
+        if causal:
+            outs.append(qi[..., None, :] @ state)  # (B, H, 1, Dv')
+    out = torch.cat(outs, dim=-2) if causal else fq @ state  # (B, H, T, Dv')
+    return _finish(out, normalize, eps)
+
+
+def flops(shape: Shape, causal: bool, params: Mapping[str, Any]) -> int:
+    """Matrix-product FLOPs of the chunkwise path (see the module docstring)."""
+    t, d = shape.seq_len, shape.head_dim
+    dv = shape.dv + (1 if params["normalize"] else 0)
+    if not causal:
+        per_head = 2 * t * d * dv * 2  # phi(K)^T V, then phi(Q) S
+    else:
+        c = min(params["chunk"], t)
+        tp = math.ceil(t / c) * c
+        per_head = 2 * tp * c * (d + dv) + 2 * tp * d * dv * 2  # inside chunks; states, across
+    return shape.batch * shape.heads * per_head
+
+
+def _check(params: Mapping[str, Any]) -> str | None:
+    if params["feature_map"] == "identity" and params["normalize"]:
+        return (
+            "feature_map=identity with normalize=true can divide by zero or a negative number "
+            "(q . sum k has no sign); use normalize=false or a non-negative feature map"
+        )
+    return None
+
+
+MECHANISM = Mechanism(
+    name="linear",
+    family="linear",
+    description="linear attention phi(Q)(phi(K)^T V), normalised, phi = elu + 1",
+    source="Katharopoulos et al. 2020 (Transformers are RNNs); seed 000",
+    params=(
+        Param(
+            "feature_map",
+            "elu+1",
+            "phi applied to q and k",
+            choices=tuple(FEATURE_MAPS),
+        ),
+        Param("normalize", True, "divide by phi(Q) sum phi(K)^T (the paper); false: bare sum"),
+        Param(
+            "eps",
+            1e-6,
+            "added to the normaliser (Katharopoulos et al.'s code)",
+            accepted="a number >= 0",
+            valid=lambda x: x >= 0 and math.isfinite(x),
+        ),
+        positive_int("chunk", 64, "positions per chunk of the causal chunkwise path"),
+    ),
+    paths=(
+        Path("reference", "reference", reference, memory="O(n^2)"),
+        Path(
+            "chunkwise",
+            "efficient",
+            chunkwise,
+            memory="O(n d^2 / chunk + n chunk)",
+            note="causal: dense inside chunks, exclusive prefix sum of chunk states across",
+        ),
+        Path(
+            "recurrent",
+            "efficient",
+            recurrent,
+            memory="O(d^2) state; O(n d^2) kept for backward",
+            note="Python loop over positions: the RNN form, slow",
+        ),
+    ),
+    check_params=_check,
+    flops=flops,
+    time="O(n d^2) (causal chunkwise: O(n chunk d + n d^2))",
+    memory="O(n d + d^2) bidirectional; O(n chunk + n d^2 / chunk) causal",
+)
