@@ -9,6 +9,7 @@ from __future__ import annotations
 from attnbench.errors import unknown
 from attnbench.spec import Mechanism
 from attnbench.variants import flash_tiled, grouped, logn_softmax, softmax
+from attnbench.variants.sparse import atrous, bigbird, fixed, local, longnet, openai_sparse, strided
 
 MECHANISMS: tuple[Mechanism, ...] = (
     softmax.MECHANISM,
@@ -16,6 +17,13 @@ MECHANISMS: tuple[Mechanism, ...] = (
     flash_tiled.MECHANISM,
     grouped.MQA,
     grouped.GQA,
+    local.MECHANISM,
+    atrous.MECHANISM,
+    openai_sparse.MECHANISM,
+    strided.MECHANISM,
+    fixed.MECHANISM,
+    bigbird.MECHANISM,
+    longnet.MECHANISM,
 )
 
 
