@@ -158,7 +158,7 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **params: Any) -
     def in_window(i: Tensor, j: Tensor) -> Tensor:
         return split(i, j)[0]
 
-    parts = [Part(Blocks(n, b), Band(n, b, half * b, 0 if causal else half * b), keep=in_window)]
+    parts = [Part(Blocks(n, b), Band(n, b, half, 0 if causal else half), keep=in_window)]
     pos = torch.arange(n, device=device)
     global_pos = pos[(pos // block < g) | (pos // block >= nb - g)][None]  # (1, globals)
     if global_pos.numel():

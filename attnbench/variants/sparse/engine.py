@@ -1,19 +1,26 @@
 """The engine behind every sparse pattern's efficient path: exact attention over a few *parts*,
-never an n x n matrix.
+never an n x n matrix, in chunks, with a recomputing backward.
 
 A part pairs a query :class:`Layout` with a key layout. A layout arranges the positions
 ``0..n-1`` into ``G`` groups of ``M`` (``positions()`` is ``[G, M]``, -1 marks padding) and gathers
 a ``[B, H, n, C]`` tensor into ``[B, H, G, M, C]``, by views where it can (blocks, dilated
-segments, residue classes, overlapping key windows via ``unfold``) and by indexing where it must
-(BigBird's random blocks, summary columns). Each group's queries are scored against that group's
-keys only, so a part costs ``G * Mq * Mk`` scores: the layouts are chosen so that this is
-O(n * keys-per-query).
+segments, residue classes) and by indexing where it must (BigBird's random blocks, summary
+columns). Each group's queries are scored against that group's keys only, so a part costs
+``G * Mq * Mk`` score slots: the layouts are chosen so that this is O(n * keys-per-query). A
+:class:`Band` (query blocks against their neighbouring key blocks) is not gathered at all: the
+windows are overlapping strided views of K and V that ``bmm`` reads in place.
 
 Layouts only need to *cover* a pattern: inside a part, the pattern's literal rule
 (``Mechanism.visible``) is applied to the gathered ``(i, j)`` pairs elementwise, together with
 the part's ``keep`` rule that hands each pair to exactly one part (so a union such as local ∪
-atrous counts no pair twice). Lengths that are not a multiple of a block are padded inside and the
-padding is masked out.
+atrous counts no pair twice). The resulting boolean mask (one byte per score slot, shared by
+batch and heads) is the only O(n * keys-per-query) tensor kept. Lengths that are not a multiple of
+a block are padded inside and the padding is masked out.
+
+The scores are computed chunk by chunk (:data:`CHUNK`), FlashAttention-style: each chunk's
+probabilities are formed, used and dropped; the forward keeps only the output and the
+log-sum-exp of every row, and the backward recomputes each chunk's probabilities from them. So
+the transient memory is one chunk, and what autograd saves is O(n * D) plus the mask.
 
 Each part yields, for every query it holds, its output normalised over its own keys and their
 log-sum-exp. The parts are merged exactly, as FlashAttention merges tiles::
@@ -24,17 +31,12 @@ which is one softmax over the union of the parts' keys. A pair that sits in two 
 twice: LongNet relies on that (its branches overlap on purpose); every other pattern gives its
 parts disjoint ``keep`` rules. A query with no visible key in any part outputs zeros and passes
 zero gradient.
-
-Backward: :class:`_PartAttention` is a custom autograd Function that saves each part's
-probabilities (``G * Mq * Mk`` values, the O(n * keys-per-query) term) and the gathered views, and
-computes the gradients of its output and log-sum-exp directly; the layouts' gathers are ordinary
-differentiable torch views, so autograd maps the gradients back to q, k, v.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +44,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 NEG_INF = float("-inf")
+
+#: Score slots per chunk (fp32: 2 MiB): small enough to stay in cache and be recycled by the
+#: allocator, large enough that each bmm is efficient. Measured on this CPU (README, sparse).
+CHUNK = 1 << 19
 
 #: A rule on broadcastable integer position tensors (queries i, keys j) -> bool tensor.
 Rule = Callable[[Tensor, Tensor], Tensor]
@@ -185,40 +191,37 @@ class Full(Layout):
 
 @dataclass(frozen=True)
 class Band(Layout):
-    """Keys only: for the query block g of size b, the window of keys
-    ``[g*b - left, g*b + b + right)``, gathered as overlapping ``unfold`` views (no copy)."""
+    """Keys only, with :func:`Blocks` of b queries: query block g sees the key blocks
+    g - before .. g + after (whole blocks). Computed on overlapping strided windows of K and V,
+    with no gather at all (see :func:`_run_band`)."""
 
     n: int
     b: int
-    left: int
-    right: int
-
-    @property
-    def lo(self) -> int:  # a reach beyond n - 1 adds only padding
-        return min(self.left, self.n - 1)
-
-    @property
-    def hi(self) -> int:
-        return min(self.right, self.n - 1)
+    before: int  # key blocks before the query's block
+    after: int  # key blocks after it
 
     @property
     def groups(self) -> int:
         return ceil_div(self.n, self.b)
 
     @property
-    def size(self) -> int:
-        return self.b + self.lo + self.hi
+    def lo(self) -> int:  # blocks beyond the sequence add only padding
+        return min(self.before, self.groups - 1)
+
+    @property
+    def hi(self) -> int:
+        return min(self.after, self.groups - 1)
+
+    @property
+    def width(self) -> int:
+        """Key blocks per query block."""
+        return self.lo + 1 + self.hi
 
     def positions(self, device: torch.device) -> Tensor:
         g = torch.arange(self.groups, device=device)[:, None]
-        u = torch.arange(self.size, device=device)[None, :]
-        p = g * self.b - self.lo + u  # (G, L)
+        u = torch.arange(self.width * self.b, device=device)[None, :]
+        p = (g - self.lo) * self.b + u  # (G, L)
         return torch.where((p >= 0) & (p < self.n), p, -1)
-
-    def gather(self, x: Tensor) -> Tensor:
-        after = self.groups * self.b + self.hi - self.n
-        x = pad_positions(x, self.lo, after)  # (B, H, lo + G*b + hi, C)
-        return x.unfold(2, self.size, self.b).transpose(-1, -2)  # (B, H, G, L, C) view
 
 
 @dataclass(frozen=True, eq=False)
@@ -248,8 +251,8 @@ class Indexed(Layout):
 
 @dataclass(frozen=True, eq=False)
 class Part:
-    """Queries in ``queries`` attend keys in ``keys`` (same group count, or keys with one group
-    shared by all), where the pattern's rule holds and ``keep`` (if given) too."""
+    """Queries in ``queries`` attend keys in ``keys`` (group g against group g), where the
+    pattern's rule holds and ``keep`` (if given) too."""
 
     queries: Layout
     keys: Layout
@@ -257,49 +260,210 @@ class Part:
 
 
 # --------------------------------------------------------------------------------------------
-# One part: masked softmax attention with its log-sum-exp, and its backward
+# The mask of a part
 # --------------------------------------------------------------------------------------------
 
 
-class _PartAttention(torch.autograd.Function):
-    """o = softmax(q k^T, blocked pairs at -inf) v per group, and lse = log sum exp(q k^T).
+def part_mask(qpos: Tensor, kpos: Tensor, rule: Rule, keep: Rule | None) -> Tensor:
+    """Boolean ``[G, Mq, Mk]``, True where the slot pair is NOT attended (padding, outside the
+    rule, or handed to another part). Evaluated in slices so the rule's integer temporaries stay
+    chunk-sized."""
+    G, Mq = qpos.shape
+    Mk = kpos.shape[1]
+    blocked = torch.empty(G, Mq, Mk, dtype=torch.bool, device=qpos.device)
+    for g0, g1, r0, r1 in _slices(G, Mq, Mk, CHUNK):
+        i = qpos[g0:g1, r0:r1, None]  # (g, rows, 1)
+        j = kpos[g0:g1, None, :]  # (g, 1, Mk)
+        ok = rule(i, j) & (i >= 0) & (j >= 0)
+        if keep is not None:
+            ok = ok & keep(i, j)
+        blocked[g0:g1, r0:r1] = ~ok
+    return blocked
 
-    q ``[B, H, G, Mq, D]`` (already scaled), k ``[B, H, Gk, Mk, D]``, v ``[B, H, Gk, Mk, Dv]`` with
-    Gk in (G, 1), ``blocked`` bool ``[G or 1, Mq, Mk]`` (True = not attended). A row with nothing
-    visible gives o = 0 and lse = -inf. Saves the probabilities (G * Mq * Mk values).
-    """
+
+def _slices(G: int, Mq: int, Mk: int, budget: int) -> Iterator[tuple[int, int, int, int]]:
+    """(g0, g1, r0, r1) covering [G, Mq] with about ``budget`` score slots each: whole groups when
+    a group fits, else row ranges of one group."""
+    per_group = Mq * Mk
+    if per_group <= budget:
+        step = max(1, budget // max(per_group, 1))
+        for g0 in range(0, G, step):
+            yield g0, min(G, g0 + step), 0, Mq
+        return
+    rows = max(1, budget // max(Mk, 1))
+    for g in range(G):
+        for r0 in range(0, Mq, rows):
+            yield g, g + 1, r0, min(Mq, r0 + rows)
+
+
+# --------------------------------------------------------------------------------------------
+# Chunked masked attention with its log-sum-exp, and its recomputing backward
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """How the batch items of one part line up. Item t (of T) has queries ``q3[t]`` ``[Mq, D]``
+    and mask ``blocked[t % period]``; its keys are ``k3[t]`` (``window == 0``) or the ``window``
+    blocks ``k3[t : t + window]`` viewed as one ``[window * b, D]`` matrix (a band)."""
+
+    period: int
+    window: int
+    blocked: Tensor  # (period, Mq, Mk) bool
+
+
+def _keys(x3: Tensor, plan: _Plan, t0: int, t1: int) -> Tensor:
+    """Keys (or values) of items t0..t1: ``[t1 - t0, Mk, C]``, a view."""
+    if plan.window == 0:
+        return x3[t0:t1]
+    _, b, C = x3.shape
+    return x3.as_strided(
+        (t1 - t0, plan.window * b, C), (b * C, C, 1), x3.storage_offset() + t0 * b * C
+    )
+
+
+def _chunks(T: int, plan: _Plan) -> Iterator[tuple[int, int, int, int, Tensor]]:
+    """(t0, t1, r0, r1, blocked) chunks of about CHUNK score slots; ``blocked`` broadcasts against
+    the chunk's scores viewed as ``[-1, rows, Mk]``... see :func:`_mask_chunk`."""
+    P, Mq, Mk = plan.blocked.shape
+    per_head = P * Mq * Mk
+    if per_head <= CHUNK:  # whole heads at a time
+        step = max(1, CHUNK // per_head) * P
+        for t0 in range(0, T, step):
+            yield t0, min(T, t0 + step), 0, Mq, plan.blocked
+        return
+    for h0 in range(0, T, P):
+        for g0, g1, r0, r1 in _slices(P, Mq, Mk, CHUNK):
+            yield h0 + g0, h0 + g1, r0, r1, plan.blocked[g0:g1, r0:r1]
+
+
+def _scores(q3: Tensor, k3: Tensor, plan: _Plan, chunk) -> Tensor:
+    """Masked scores of one chunk, ``[t1 - t0, rows, Mk]`` (blocked slots at -inf)."""
+    t0, t1, r0, r1, blocked = chunk
+    s = torch.bmm(q3[t0:t1, r0:r1], _keys(k3, plan, t0, t1).transpose(1, 2))  # (t, rows, Mk)
+    s.view(-1, *blocked.shape).masked_fill_(blocked, NEG_INF)
+    return s
+
+
+class _ChunkedAttention(torch.autograd.Function):
+    """o = softmax(q k^T, blocked slots at -inf) v and lse = log sum exp(q k^T), per batch item,
+    chunk by chunk. q3 ``[T, Mq, D]`` (already scaled), k3 ``[T(+window-1), Mk or b, D]``, v3
+    likewise with Dv -> o3 ``[T, Mq, Dv]``, lse3 ``[T, Mq]``. Empty rows: o = 0, lse = -inf.
+    Saves q3, k3, v3, o3, lse3 (and the plan's mask); backward recomputes the probabilities."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, blocked: Tensor):
-        p = torch.matmul(q, k.transpose(-2, -1))  # (B, H, G, Mq, Mk) scores
-        p.masked_fill_(blocked, NEG_INF)
-        m = p.amax(-1, keepdim=True).nan_to_num_(neginf=0.0)  # (B, H, G, Mq, 1) row max, 0 if empty
-        p.sub_(m).exp_()  # unnormalised probabilities, 0 where blocked
-        l = p.sum(-1, keepdim=True)  # (B, H, G, Mq, 1); >= 1 unless the row is empty  # noqa: E741
-        lse = m + l.log()  # -inf on empty rows
-        p.div_(l.clamp_min(1.0))  # probabilities; empty rows stay 0
-        o = torch.matmul(p, v)  # (B, H, G, Mq, Dv)
-        ctx.save_for_backward(q, k, v, p, o)
+    def forward(ctx, q3: Tensor, k3: Tensor, v3: Tensor, plan: _Plan):
+        T, Mq, _ = q3.shape
+        o3 = q3.new_empty(T, Mq, v3.shape[-1])
+        lse3 = q3.new_empty(T, Mq)
+        for chunk in _chunks(T, plan):
+            t0, t1, r0, r1, _ = chunk
+            s = _scores(q3, k3, plan, chunk)  # (t, rows, Mk)
+            m = s.amax(-1, keepdim=True).nan_to_num_(neginf=0.0)  # row max, 0 when empty
+            s.sub_(m).exp_()  # unnormalised probabilities, 0 where blocked
+            l = s.sum(-1, keepdim=True)  # >= 1 unless the row is empty  # noqa: E741
+            o = torch.bmm(s, _keys(v3, plan, t0, t1))  # (t, rows, Dv)
+            o3[t0:t1, r0:r1] = o.mul_(l.clamp_min(1.0).reciprocal_())
+            lse3[t0:t1, r0:r1] = (m + l.log()).squeeze(-1)  # -inf on empty rows
+        ctx.save_for_backward(q3, k3, v3, o3, lse3)
+        ctx.plan = plan
         ctx.set_materialize_grads(False)
-        return o, lse.squeeze(-1)
+        return o3, lse3
 
     @staticmethod
-    def backward(ctx, do: Tensor | None, dlse: Tensor | None):
-        q, k, v, p, o = ctx.saved_tensors
-        if do is None:
-            do = torch.zeros_like(o)
+    def backward(ctx, do3: Tensor | None, dlse3: Tensor | None):
+        q3, k3, v3, o3, lse3 = ctx.saved_tensors
+        plan: _Plan = ctx.plan
+        if do3 is None:
+            do3 = torch.zeros_like(o3)
         # d(score) = p * (do . v_j - do . o + dlse): softmax backward plus the lse term.
-        delta = (do * o).sum(-1, keepdim=True)  # (B, H, G, Mq, 1)
-        if dlse is not None:
-            delta = delta - dlse.unsqueeze(-1)
-        dv = torch.matmul(p.transpose(-2, -1), do)  # (B, H, G, Mk, Dv)
-        ds = torch.matmul(do, v.transpose(-2, -1))  # (B, H, G, Mq, Mk) dp
-        ds.sub_(delta).mul_(p)
-        dq = torch.matmul(ds, k)  # (B, H, G, Mq, D)
-        dk = torch.matmul(ds.transpose(-2, -1), q)  # (B, H, G, Mk, D)
-        if k.shape[2] != q.shape[2]:  # keys shared by every group
-            dk, dv = dk.sum(2, keepdim=True), dv.sum(2, keepdim=True)
-        return dq, dk, dv, None
+        delta = (do3 * o3).sum(-1)  # (T, Mq)
+        if dlse3 is not None:
+            delta = delta - dlse3
+        lse = torch.where(torch.isfinite(lse3), lse3, 0.0)  # empty rows: all scores -inf
+        dq3 = torch.empty_like(q3)
+        dk3 = torch.zeros_like(k3)
+        dv3 = torch.zeros_like(v3)
+        for chunk in _chunks(q3.shape[0], plan):
+            t0, t1, r0, r1, _ = chunk
+            p = _scores(q3, k3, plan, chunk)
+            p.sub_(lse[t0:t1, r0:r1, None]).exp_()  # (t, rows, Mk) probabilities
+            do = do3[t0:t1, r0:r1]  # (t, rows, Dv)
+            kc, vc = _keys(k3, plan, t0, t1), _keys(v3, plan, t0, t1)
+            dv = torch.bmm(p.transpose(1, 2), do)  # (t, Mk, Dv)
+            ds = torch.bmm(do, vc.transpose(1, 2))  # (t, rows, Mk) dp
+            ds.sub_(delta[t0:t1, r0:r1, None]).mul_(p)
+            dq3[t0:t1, r0:r1] = torch.bmm(ds, kc)
+            dk = torch.bmm(ds.transpose(1, 2), q3[t0:t1, r0:r1])  # (t, Mk, D)
+            _accumulate(dk3, dk, plan, t0, t1)
+            _accumulate(dv3, dv, plan, t0, t1)
+        return dq3, dk3, dv3, None
+
+
+def _accumulate(dx3: Tensor, dx: Tensor, plan: _Plan, t0: int, t1: int) -> None:
+    """Add the gradient of items t0..t1's keys ``[t, Mk, C]`` into ``dx3``; a band's window
+    gradients fold back onto its blocks with one shifted add per block of the window."""
+    if plan.window == 0:
+        dx3[t0:t1] += dx
+        return
+    t, _, C = dx.shape
+    b = dx3.shape[1]
+    blocks = dx.view(t, plan.window, b, C)
+    for offset in range(plan.window):
+        dx3[t0 + offset : t1 + offset] += blocks[:, offset]
+
+
+# --------------------------------------------------------------------------------------------
+# Parts, merged
+# --------------------------------------------------------------------------------------------
+
+
+def _run_gathered(qs: Tensor, k: Tensor, v: Tensor, part: Part, rule: Rule):
+    B, H, n, _ = qs.shape
+    qpos = part.queries.positions(qs.device)  # (G, Mq)
+    kpos = part.keys.positions(qs.device)  # (G, Mk)
+    if qpos.shape[0] != kpos.shape[0]:
+        raise ValueError("a part's query and key layouts must have the same number of groups")
+    G, Mq = qpos.shape
+    plan = _Plan(G, 0, part_mask(qpos, kpos, rule, part.keep))
+
+    def flat(x: Tensor, layout: Layout) -> Tensor:
+        g = layout.gather(x)  # (B, H, G, M, C)
+        return g.reshape(B * H * G, g.shape[-2], g.shape[-1])
+
+    q3, k3, v3 = flat(qs, part.queries), flat(k, part.keys), flat(v, part.keys)
+    o3, lse3 = _ChunkedAttention.apply(q3, k3, v3, plan)
+    o = part.queries.place(o3.view(B, H, G, Mq, -1), 0.0)  # (B, H, n, Dv)
+    lse = part.queries.place(lse3.view(B, H, G, Mq, 1), NEG_INF).squeeze(-1)  # (B, H, n)
+    return o, lse
+
+
+def _run_band(qs: Tensor, k: Tensor, v: Tensor, part: Part, rule: Rule):
+    """A band: every head's query blocks laid end to end (``nbp = nb + W - 1`` blocks per head,
+    the last W - 1 of them padding), keys shifted by ``lo`` blocks, so that the band of item t is
+    key blocks t .. t + W - 1: an overlapping view, nothing gathered."""
+    band = part.keys
+    if part.queries != Blocks(band.n, band.b):
+        raise ValueError("a Band part needs Blocks queries of the same block size")
+    B, H, n, _ = qs.shape
+    b, W, nb, lo = band.b, band.width, band.groups, band.lo
+    nbp = nb + W - 1
+    g = torch.arange(nbp, device=qs.device)[:, None]
+    qpos = g * b + torch.arange(b, device=qs.device)[None, :]  # (nbp, b)
+    qpos = torch.where(qpos < n, qpos, -1)
+    kpos = torch.cat([band.positions(qs.device), torch.full((W - 1, W * b), -1, device=qs.device)])
+    plan = _Plan(nbp, W, part_mask(qpos, kpos, rule, part.keep))
+
+    def flat(x: Tensor, before: int, extra: int) -> Tensor:
+        C = x.shape[-1]
+        x = x.reshape(B * H, n, C)
+        x = F.pad(x, (0, 0, before * b, nbp * b - before * b - n)).reshape(-1, C)
+        return F.pad(x, (0, 0, 0, extra * b)).view(-1, b, C)  # (B*H*nbp + extra, b, C)
+
+    o3, lse3 = _ChunkedAttention.apply(flat(qs, 0, 0), flat(k, lo, W - 1), flat(v, lo, W - 1), plan)
+    o = o3.view(B * H, nbp * b, -1)[:, :n].reshape(B, H, n, -1)  # (B, H, n, Dv)
+    lse = lse3.view(B * H, nbp * b)[:, :n].reshape(B, H, n)
+    return o, lse
 
 
 def merge(results: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
@@ -319,22 +483,13 @@ def merge(results: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
 def attend(q: Tensor, k: Tensor, v: Tensor, parts: Sequence[Part], rule: Rule) -> Tensor:
     """Softmax attention restricted to ``rule`` over the union of ``parts``.
 
-    q, k, v ``[B, H, n, D]`` (v ``[B, H, n, Dv]``) -> ``[B, H, n, Dv]``; scale 1/sqrt(D).
+    q, k ``[B, H, n, D]``, v ``[B, H, n, Dv]`` -> ``[B, H, n, Dv]``; scale 1/sqrt(D).
     """
     if not parts:
         raise ValueError("attend needs at least one part")
     qs = q * (1.0 / math.sqrt(q.shape[-1]))  # (B, H, n, D)
     results = []
     for part in parts:
-        i = part.queries.positions(q.device)[:, :, None]  # (G, Mq, 1)
-        j = part.keys.positions(q.device)[:, None, :]  # (Gk, 1, Mk)
-        ok = rule(i, j) & (i >= 0) & (j >= 0)  # (G, Mq, Mk)
-        if part.keep is not None:
-            ok = ok & part.keep(i, j)
-        o, lse = _PartAttention.apply(
-            part.queries.gather(qs), part.keys.gather(k), part.keys.gather(v), ~ok
-        )
-        o = part.queries.place(o, 0.0)  # (B, H, n, Dv)
-        lse = part.queries.place(lse.unsqueeze(-1), NEG_INF).squeeze(-1)  # (B, H, n)
-        results.append((o, lse))
+        run = _run_band if isinstance(part.keys, Band) else _run_gathered
+        results.append(run(qs, k, v, part, rule))
     return merge(results)

@@ -3,9 +3,9 @@ Attention", where the window is called k; Beltagy et al. 2020's sliding window).
 
 Causal: only backwards, 0 <= i - j <= window. Every query sees itself, so no row is ever empty.
 
-The efficient path splits queries into blocks of b and gives block g the keys
-``[g*b - window, g*b + b + window)`` as an overlapping ``unfold`` view of K and V (no copy), then
-masks the pairs outside the band: (b + 2 * window) keys per query instead of n.
+The efficient path splits queries into blocks of b and gives block g the key blocks
+g - ceil(window / b) .. g + ceil(window / b), read in place as overlapping strided views of K and
+V, then masks the pairs outside the band: about 2 * window + b keys per query instead of n.
 
 The parameter is called ``window``, not ``k`` as in the seed, because ``k`` is the key tensor in
 every path's signature.
@@ -20,7 +20,7 @@ from torch import Tensor
 
 from attnbench.spec import Mechanism, Path, positive_int
 from attnbench.variants.sparse.common import band_block, masked_reference, window_count
-from attnbench.variants.sparse.engine import Band, Blocks, Part, attend
+from attnbench.variants.sparse.engine import Band, Blocks, Part, attend, ceil_div
 
 
 def visible(i: Tensor, j: Tensor, n: int, causal: bool, params: Mapping[str, Any]) -> Tensor:
@@ -44,7 +44,8 @@ def banded(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Ten
     """Blocked band: each query block against its window of keys. q, k, v: [B, H, T, D]."""
     n = q.shape[-2]
     b = band_block(n, window)
-    part = Part(Blocks(n, b), Band(n, b, window, 0 if causal else window))
+    reach = ceil_div(window, b)  # in blocks
+    part = Part(Blocks(n, b), Band(n, b, reach, 0 if causal else reach))
     params = {"window": window}
     return attend(q, k, v, [part], lambda i, j: visible(i, j, n, causal, params))
 
@@ -62,7 +63,7 @@ MECHANISM = Mechanism(
             "efficient",
             banded,
             memory="O(n * window)",
-            note="query blocks against unfolded key windows; custom backward",
+            note="query blocks against strided key-block windows; chunked, recomputing backward",
         ),
     ),
     visible=visible,

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from attnbench.spec import Mechanism, Path, positive_int
 from attnbench.variants.sparse.common import band_and_residue_count, band_block, masked_reference
-from attnbench.variants.sparse.engine import Band, Blocks, Part, Residue, attend
+from attnbench.variants.sparse.engine import Band, Blocks, Part, Residue, attend, ceil_div
 
 
 def visible(i: Tensor, j: Tensor, n: int, causal: bool, params: Mapping[str, Any]) -> Tensor:
@@ -43,7 +43,8 @@ def band_plus_residue(
     n = q.shape[-2]
     b = band_block(n, reach)
     in_band = lambda i, j: (i - j).abs() <= reach  # noqa: E731
-    parts = [Part(Blocks(n, b), Band(n, b, reach, 0 if causal else reach), keep=in_band)]
+    blocks = ceil_div(reach, b)
+    parts = [Part(Blocks(n, b), Band(n, b, blocks, 0 if causal else blocks), keep=in_band)]
     if n - 1 > reach:
         classes = Residue(n, r)
         parts.append(Part(classes, classes, keep=lambda i, j: (i - j).abs() > reach))
