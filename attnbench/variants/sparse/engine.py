@@ -1,5 +1,5 @@
 """The engine behind every sparse pattern's efficient path: exact attention over a few *parts*,
-never an n x n matrix, in chunks, with a recomputing backward.
+never an n x n matrix.
 
 A part pairs a query :class:`Layout` with a key layout. A layout arranges the positions
 ``0..n-1`` into ``G`` groups of ``M`` (``positions()`` is ``[G, M]``, -1 marks padding) and gathers
@@ -13,14 +13,13 @@ windows are overlapping strided views of K and V that ``bmm`` reads in place.
 Layouts only need to *cover* a pattern: inside a part, the pattern's literal rule
 (``Mechanism.visible``) is applied to the gathered ``(i, j)`` pairs elementwise, together with
 the part's ``keep`` rule that hands each pair to exactly one part (so a union such as local ∪
-atrous counts no pair twice). The resulting boolean mask (one byte per score slot, shared by
-batch and heads) is the only O(n * keys-per-query) tensor kept. Lengths that are not a multiple of
-a block are padded inside and the padding is masked out.
+atrous counts no pair twice). The resulting boolean mask has one byte per score slot, shared by
+batch and heads. Lengths that are not a multiple of a block are padded inside and the padding is
+masked out.
 
-The scores are computed chunk by chunk (:data:`CHUNK`), FlashAttention-style: each chunk's
-probabilities are formed, used and dropped; the forward keeps only the output and the
-log-sum-exp of every row, and the backward recomputes each chunk's probabilities from them. So
-the transient memory is one chunk, and what autograd saves is O(n * D) plus the mask.
+The scores are computed chunk by chunk (:data:`CHUNK`); each chunk's unnormalised probabilities
+are kept for the backward (``G * Mq * Mk`` values per head: the O(n * keys-per-query) term), and
+the backward's score-sized temporaries live one chunk at a time.
 
 Each part yields, for every query it holds, its output normalised over its own keys and their
 log-sum-exp. The parts are merged exactly, as FlashAttention merges tiles::
@@ -45,9 +44,9 @@ from torch import Tensor
 
 NEG_INF = float("-inf")
 
-#: Score slots per chunk (fp32: 2 MiB): small enough to stay in cache and be recycled by the
-#: allocator, large enough that each bmm is efficient. Measured on this CPU (README, sparse).
-CHUNK = 1 << 19
+#: Score slots per chunk (fp32: 32 MiB): bounds the transient buffers (the backward's score-sized
+#: gradients) while keeping the number of kernel launches low. Measured on this CPU (README).
+CHUNK = 1 << 23
 
 #: A rule on broadcastable integer position tensors (queries i, keys j) -> bool tensor.
 Rule = Callable[[Tensor, Tensor], Tensor]
@@ -297,7 +296,7 @@ def _slices(G: int, Mq: int, Mk: int, budget: int) -> Iterator[tuple[int, int, i
 
 
 # --------------------------------------------------------------------------------------------
-# Chunked masked attention with its log-sum-exp, and its recomputing backward
+# Chunked masked attention with its log-sum-exp, and its backward
 # --------------------------------------------------------------------------------------------
 
 
@@ -337,62 +336,68 @@ def _chunks(T: int, plan: _Plan) -> Iterator[tuple[int, int, int, int, Tensor]]:
             yield h0 + g0, h0 + g1, r0, r1, plan.blocked[g0:g1, r0:r1]
 
 
-def _scores(q3: Tensor, k3: Tensor, plan: _Plan, chunk) -> Tensor:
-    """Masked scores of one chunk, ``[t1 - t0, rows, Mk]`` (blocked slots at -inf)."""
+def _scores(q3: Tensor, k3: Tensor, plan: _Plan, chunk, out: Tensor) -> Tensor:
+    """Masked scores of one chunk written into ``out`` ``[t1 - t0, rows, Mk]`` (blocked slots
+    at -inf)."""
     t0, t1, r0, r1, blocked = chunk
-    s = torch.bmm(q3[t0:t1, r0:r1], _keys(k3, plan, t0, t1).transpose(1, 2))  # (t, rows, Mk)
-    s.view(-1, *blocked.shape).masked_fill_(blocked, NEG_INF)
-    return s
+    torch.bmm(q3[t0:t1, r0:r1], _keys(k3, plan, t0, t1).transpose(1, 2), out=out)
+    out.view(-1, *blocked.shape).masked_fill_(blocked, NEG_INF)
+    return out
 
 
 class _ChunkedAttention(torch.autograd.Function):
     """o = softmax(q k^T, blocked slots at -inf) v and lse = log sum exp(q k^T), per batch item,
     chunk by chunk. q3 ``[T, Mq, D]`` (already scaled), k3 ``[T(+window-1), Mk or b, D]``, v3
     likewise with Dv -> o3 ``[T, Mq, Dv]``, lse3 ``[T, Mq]``. Empty rows: o = 0, lse = -inf.
-    Saves q3, k3, v3, o3, lse3 (and the plan's mask); backward recomputes the probabilities."""
+
+    Saves the unnormalised probabilities ``[T, Mq, Mk]`` (the one O(n * keys-per-query) tensor;
+    recomputing them FlashAttention-style would save that memory for about 20 % more time and
+    twice the number of kernel launches, which a shared CPU punishes) and 1 / (row sum).
+    """
 
     @staticmethod
     def forward(ctx, q3: Tensor, k3: Tensor, v3: Tensor, plan: _Plan):
         T, Mq, _ = q3.shape
+        Mk = plan.blocked.shape[-1]
+        p3 = q3.new_empty(T, Mq, Mk)  # unnormalised probabilities
         o3 = q3.new_empty(T, Mq, v3.shape[-1])
-        lse3 = q3.new_empty(T, Mq)
+        lse3 = q3.new_empty(T, Mq, 1)
+        inv3 = q3.new_empty(T, Mq, 1)  # 1 / row sum (1 on empty rows)
         for chunk in _chunks(T, plan):
             t0, t1, r0, r1, _ = chunk
-            s = _scores(q3, k3, plan, chunk)  # (t, rows, Mk)
-            m = s.amax(-1, keepdim=True).nan_to_num_(neginf=0.0)  # row max, 0 when empty
-            s.sub_(m).exp_()  # unnormalised probabilities, 0 where blocked
-            l = s.sum(-1, keepdim=True)  # >= 1 unless the row is empty  # noqa: E741
-            o = torch.bmm(s, _keys(v3, plan, t0, t1))  # (t, rows, Dv)
-            o3[t0:t1, r0:r1] = o.mul_(l.clamp_min(1.0).reciprocal_())
-            lse3[t0:t1, r0:r1] = (m + l.log()).squeeze(-1)  # -inf on empty rows
-        ctx.save_for_backward(q3, k3, v3, o3, lse3)
+            p = _scores(q3, k3, plan, chunk, p3[t0:t1, r0:r1])  # (t, rows, Mk)
+            m = p.amax(-1, keepdim=True).nan_to_num_(neginf=0.0)  # row max, 0 when empty
+            p.sub_(m).exp_()  # 0 where blocked
+            l = p.sum(-1, keepdim=True)  # >= 1 unless the row is empty  # noqa: E741
+            lse3[t0:t1, r0:r1] = m + l.log()  # -inf on empty rows
+            inv = inv3[t0:t1, r0:r1]
+            torch.reciprocal(l.clamp_min_(1.0), out=inv)
+            o3[t0:t1, r0:r1] = torch.bmm(p, _keys(v3, plan, t0, t1)).mul_(inv)
+        ctx.save_for_backward(q3, k3, v3, o3, p3, inv3)
         ctx.plan = plan
         ctx.set_materialize_grads(False)
-        return o3, lse3
+        return o3, lse3.squeeze(-1)
 
     @staticmethod
     def backward(ctx, do3: Tensor | None, dlse3: Tensor | None):
-        q3, k3, v3, o3, lse3 = ctx.saved_tensors
+        q3, k3, v3, o3, p3, inv3 = ctx.saved_tensors
         plan: _Plan = ctx.plan
-        if do3 is None:
-            do3 = torch.zeros_like(o3)
-        # d(score) = p * (do . v_j - do . o + dlse): softmax backward plus the lse term.
-        delta = (do3 * o3).sum(-1)  # (T, Mq)
+        # With p = pu / l: d(score) = pu * (do/l . v_j - (do . o - dlse) / l).
+        do3 = torch.zeros_like(o3) if do3 is None else do3 * inv3  # (T, Mq, Dv), do / l
+        delta = (do3 * o3).sum(-1, keepdim=True)  # (T, Mq, 1)
         if dlse3 is not None:
-            delta = delta - dlse3
-        lse = torch.where(torch.isfinite(lse3), lse3, 0.0)  # empty rows: all scores -inf
+            delta = delta - dlse3.unsqueeze(-1) * inv3
         dq3 = torch.empty_like(q3)
         dk3 = torch.zeros_like(k3)
         dv3 = torch.zeros_like(v3)
         for chunk in _chunks(q3.shape[0], plan):
             t0, t1, r0, r1, _ = chunk
-            p = _scores(q3, k3, plan, chunk)
-            p.sub_(lse[t0:t1, r0:r1, None]).exp_()  # (t, rows, Mk) probabilities
+            p = p3[t0:t1, r0:r1]  # (t, rows, Mk)
             do = do3[t0:t1, r0:r1]  # (t, rows, Dv)
             kc, vc = _keys(k3, plan, t0, t1), _keys(v3, plan, t0, t1)
             dv = torch.bmm(p.transpose(1, 2), do)  # (t, Mk, Dv)
             ds = torch.bmm(do, vc.transpose(1, 2))  # (t, rows, Mk) dp
-            ds.sub_(delta[t0:t1, r0:r1, None]).mul_(p)
+            ds.sub_(delta[t0:t1, r0:r1]).mul_(p)
             dq3[t0:t1, r0:r1] = torch.bmm(ds, kc)
             dk = torch.bmm(ds.transpose(1, 2), q3[t0:t1, r0:r1])  # (t, Mk, D)
             _accumulate(dk3, dk, plan, t0, t1)
