@@ -423,10 +423,10 @@ def _accumulate(dx3: Tensor, dx: Tensor, plan: _Plan, t0: int, t1: int) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _run_gathered(qs: Tensor, k: Tensor, v: Tensor, part: Part, rule: Rule):
-    B, H, n, _ = qs.shape
-    qpos = part.queries.positions(qs.device)  # (G, Mq)
-    kpos = part.keys.positions(qs.device)  # (G, Mk)
+def _run_gathered(q: Tensor, k: Tensor, v: Tensor, part: Part, rule: Rule, scale: float):
+    B, H, n, _ = q.shape
+    qpos = part.queries.positions(q.device)  # (G, Mq)
+    kpos = part.keys.positions(q.device)  # (G, Mk)
     if qpos.shape[0] != kpos.shape[0]:
         raise ValueError("a part's query and key layouts must have the same number of groups")
     G, Mq = qpos.shape
@@ -436,36 +436,38 @@ def _run_gathered(qs: Tensor, k: Tensor, v: Tensor, part: Part, rule: Rule):
         g = layout.gather(x)  # (B, H, G, M, C)
         return g.reshape(B * H * G, g.shape[-2], g.shape[-1])
 
-    q3, k3, v3 = flat(qs, part.queries), flat(k, part.keys), flat(v, part.keys)
+    q3, k3, v3 = flat(q, part.queries) * scale, flat(k, part.keys), flat(v, part.keys)
     o3, lse3 = _ChunkedAttention.apply(q3, k3, v3, plan)
     o = part.queries.place(o3.view(B, H, G, Mq, -1), 0.0)  # (B, H, n, Dv)
     lse = part.queries.place(lse3.view(B, H, G, Mq, 1), NEG_INF).squeeze(-1)  # (B, H, n)
     return o, lse
 
 
-def _run_band(qs: Tensor, k: Tensor, v: Tensor, part: Part, rule: Rule):
+def _run_band(q: Tensor, k: Tensor, v: Tensor, part: Part, rule: Rule, scale: float):
     """A band: every head's query blocks laid end to end (``nbp = nb + W - 1`` blocks per head,
     the last W - 1 of them padding), keys shifted by ``lo`` blocks, so that the band of item t is
     key blocks t .. t + W - 1: an overlapping view, nothing gathered."""
     band = part.keys
     if part.queries != Blocks(band.n, band.b):
         raise ValueError("a Band part needs Blocks queries of the same block size")
-    B, H, n, _ = qs.shape
+    B, H, n, _ = q.shape
     b, W, nb, lo = band.b, band.width, band.groups, band.lo
     nbp = nb + W - 1
-    g = torch.arange(nbp, device=qs.device)[:, None]
-    qpos = g * b + torch.arange(b, device=qs.device)[None, :]  # (nbp, b)
+    g = torch.arange(nbp, device=q.device)[:, None]
+    qpos = g * b + torch.arange(b, device=q.device)[None, :]  # (nbp, b)
     qpos = torch.where(qpos < n, qpos, -1)
-    kpos = torch.cat([band.positions(qs.device), torch.full((W - 1, W * b), -1, device=qs.device)])
+    kpos = torch.cat([band.positions(q.device), torch.full((W - 1, W * b), -1, device=q.device)])
     plan = _Plan(nbp, W, part_mask(qpos, kpos, rule, part.keep))
 
     def flat(x: Tensor, before: int, extra: int) -> Tensor:
         C = x.shape[-1]
-        x = x.reshape(B * H, n, C)
-        x = F.pad(x, (0, 0, before * b, nbp * b - before * b - n)).reshape(-1, C)
-        return F.pad(x, (0, 0, 0, extra * b)).view(-1, b, C)  # (B*H*nbp + extra, b, C)
+        buf = x.new_zeros((B * H * nbp + extra) * b, C)
+        heads = buf[: B * H * nbp * b].view(B * H, nbp * b, C)
+        heads[:, before * b : before * b + n] = x.reshape(B * H, n, C)
+        return buf.view(-1, b, C)  # (B*H*nbp + extra, b, C)
 
-    o3, lse3 = _ChunkedAttention.apply(flat(qs, 0, 0), flat(k, lo, W - 1), flat(v, lo, W - 1), plan)
+    q3 = flat(q, 0, 0).mul_(scale)
+    o3, lse3 = _ChunkedAttention.apply(q3, flat(k, lo, W - 1), flat(v, lo, W - 1), plan)
     o = o3.view(B * H, nbp * b, -1)[:, :n].reshape(B, H, n, -1)  # (B, H, n, Dv)
     lse = lse3.view(B * H, nbp * b)[:, :n].reshape(B, H, n)
     return o, lse
@@ -492,9 +494,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, parts: Sequence[Part], rule: Rule) -
     """
     if not parts:
         raise ValueError("attend needs at least one part")
-    qs = q * (1.0 / math.sqrt(q.shape[-1]))  # (B, H, n, D)
+    scale = 1.0 / math.sqrt(q.shape[-1])
     results = []
     for part in parts:
         run = _run_band if isinstance(part.keys, Band) else _run_gathered
-        results.append(run(qs, k, v, part, rule))
+        results.append(run(q, k, v, part, rule, scale))
     return merge(results)
