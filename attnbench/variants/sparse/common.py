@@ -20,9 +20,10 @@ from attnbench.variants.dense import softmax_attention
 #: ``visible(i, j, n, causal, params)`` -> bool tensor, elementwise over broadcastable i, j.
 Visible = Callable[[Tensor, Tensor, int, bool, Mapping[str, Any]], Tensor]
 
-#: The block edge the engine prefers for banded parts: big enough for efficient matmuls, small
-#: enough that a window of w keys per side costs about w + BLOCK / 2 keys per query, not 2w.
-#: Measured on this CPU for local w = 64 at n = 8192 (see the README's sparse section).
+#: The query block edge b of banded parts. A band of w keys per side costs (2 ceil(w/b) + 1) * b
+#: score slots per query: 192 for w = b = 64 (129 attended). b = 32 (160 slots) and b = 128 (384)
+#: were both slower for local w = 64 at n = 8192 on this CPU (smaller matmuls and more shifted
+#: adds; more wasted slots).
 BLOCK = 64
 
 

@@ -44,9 +44,12 @@ from torch import Tensor
 
 NEG_INF = float("-inf")
 
-#: Score slots per chunk (fp32: 32 MiB): bounds the transient buffers (the backward's score-sized
-#: gradients) while keeping the number of kernel launches low. Measured on this CPU (README).
-CHUNK = 1 << 23
+#: Score slots per chunk (fp32: 8 MiB). Bounds the backward's score-sized temporaries and keeps
+#: buffers small enough to be recycled by the allocator. On this CPU (local, window 64, n = 8192,
+#: B=1, H=4, D=64, fwd+bwd, 1 thread) 1 << 20 / 1 << 21 / 1 << 23 took 471 / 369 / 472 ms; with 2
+#: threads on the oversubscribed machine fewer, larger chunks won (fewer parallel regions to
+#: synchronise), 2479 / 1336 / 1161 ms. Noisy; see the README's sparse section.
+CHUNK = 1 << 21
 
 #: A rule on broadcastable integer position tensors (queries i, keys j) -> bool tensor.
 Rule = Callable[[Tensor, Tensor], Tensor]
