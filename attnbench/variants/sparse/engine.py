@@ -325,8 +325,9 @@ def _keys(x3: Tensor, plan: _Plan, t0: int, t1: int) -> Tensor:
 
 
 def _chunks(T: int, plan: _Plan) -> Iterator[tuple[int, int, int, int, Tensor]]:
-    """(t0, t1, r0, r1, blocked) chunks of about CHUNK score slots; ``blocked`` broadcasts against
-    the chunk's scores viewed as ``[-1, rows, Mk]``... see :func:`_mask_chunk`."""
+    """(t0, t1, r0, r1, blocked) chunks of about CHUNK score slots: whole heads (``blocked`` is the
+    plan's mask, broadcast over them) or a range of one head's items or rows (``blocked`` is its
+    slice). The chunk's scores viewed as ``[-1, *blocked.shape]`` line up with ``blocked``."""
     P, Mq, Mk = plan.blocked.shape
     per_head = P * Mq * Mk
     if per_head <= CHUNK:  # whole heads at a time

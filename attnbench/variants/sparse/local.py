@@ -63,7 +63,7 @@ MECHANISM = Mechanism(
             "efficient",
             banded,
             memory="O(n * window)",
-            note="query blocks against strided key-block windows; chunked, recomputing backward",
+            note="query blocks against strided key-block windows; chunked, custom backward",
         ),
     ),
     visible=visible,
