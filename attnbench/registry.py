@@ -19,6 +19,15 @@ from attnbench.variants import (
     retention,
     softmax,
 )
+from attnbench.variants.sparse import (
+    atrous,
+    bigbird,
+    fixed,
+    local,
+    longnet,
+    openai_sparse,
+    strided,
+)
 
 MECHANISMS: tuple[Mechanism, ...] = (
     softmax.MECHANISM,
@@ -26,6 +35,13 @@ MECHANISMS: tuple[Mechanism, ...] = (
     flash_tiled.MECHANISM,
     grouped.MQA,
     grouped.GQA,
+    local.MECHANISM,
+    atrous.MECHANISM,
+    openai_sparse.MECHANISM,
+    strided.MECHANISM,
+    fixed.MECHANISM,
+    bigbird.MECHANISM,
+    longnet.MECHANISM,
     aft.FULL,
     aft.LOCAL,
     aft.SIMPLE,

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from attnbench import __version__
-from attnbench.cli import check_cmd, list_cmd
+from attnbench.cli import check_cmd, list_cmd, show
 from attnbench.cli.common import Group
 from attnbench.cli.run import run_app
 
@@ -37,6 +37,7 @@ def root(
 
 app.command("list")(list_cmd.list_mechanisms)
 app.command("check")(check_cmd.check)
+app.command("show")(show.show)
 app.add_typer(run_app, name="run")
 
 

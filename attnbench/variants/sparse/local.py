@@ -1,0 +1,73 @@
+"""Local self-attention: query i sees key j when |i - j| <= window (seed 004, "Local Self
+Attention", where the window is called k; Beltagy et al. 2020's sliding window).
+
+Causal: only backwards, 0 <= i - j <= window. Every query sees itself, so no row is ever empty.
+
+The efficient path splits queries into blocks of b and gives block g the key blocks
+g - ceil(window / b) .. g + ceil(window / b), read in place as overlapping strided views of K and
+V, then masks the pairs outside the band: about 2 * window + b keys per query instead of n.
+
+The parameter is called ``window``, not ``k`` as in the seed, because ``k`` is the key tensor in
+every path's signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import Tensor
+
+from attnbench.spec import Mechanism, Path, positive_int
+from attnbench.variants.sparse.common import band_block, masked_reference, window_count
+from attnbench.variants.sparse.engine import Band, Blocks, Part, attend, ceil_div
+
+
+def visible(i: Tensor, j: Tensor, n: int, causal: bool, params: Mapping[str, Any]) -> Tensor:
+    """|i - j| <= window (and j <= i when causal), elementwise."""
+    d = i - j
+    ok = d.abs() <= params["window"]
+    return ok & (d >= 0) if causal else ok
+
+
+def pair_count(n: int, causal: bool, params: Mapping[str, Any]) -> int:
+    w = params["window"]
+    return int(window_count(n, causal, w, w).sum())
+
+
+def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Tensor:
+    """Dense scores with the band applied as -inf. q, k, v: [B, H, T, D] -> [B, H, T, Dv]."""
+    return masked_reference(visible, q, k, v, causal, {"window": window})
+
+
+def banded(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Tensor:
+    """Blocked band: each query block against its window of keys. q, k, v: [B, H, T, D]."""
+    n = q.shape[-2]
+    b = band_block(n, window)
+    reach = ceil_div(window, b)  # in blocks
+    part = Part(Blocks(n, b), Band(n, b, reach, 0 if causal else reach))
+    params = {"window": window}
+    return attend(q, k, v, [part], lambda i, j: visible(i, j, n, causal, params))
+
+
+MECHANISM = Mechanism(
+    name="local",
+    family="sparse",
+    description="Local attention: each query sees the keys within `window` positions",
+    source="seed 004 (Local Self Attention); Beltagy et al. 2020 (sliding window)",
+    params=(positive_int("window", 64, "keys on each side (only behind when causal); seed's k"),),
+    paths=(
+        Path("reference", "reference", reference, memory="O(n^2)"),
+        Path(
+            "efficient",
+            "efficient",
+            banded,
+            memory="O(n * window)",
+            note="query blocks against strided key-block windows; chunked, custom backward",
+        ),
+    ),
+    visible=visible,
+    pair_count=pair_count,
+    time="O(n w d)",
+    memory="O(n w)",
+)
