@@ -29,6 +29,17 @@ def test_counter_sees_allocations_and_frees():
     assert cpu_peak(alloc).bytes == 8000
 
 
+def test_views_of_existing_tensors_cost_nothing():
+    x = torch.randn(1000, 1000)
+
+    def views():
+        a = x.view(-1)[:10]
+        b = x.t()
+        return a.sum() + b[0, 0]
+
+    assert cpu_peak(views).bytes < 64  # two scalars, not x's 4 MB
+
+
 def test_flash_tiled_memory_grows_like_n_times_tile():
     """At n = 4096 the tiled path's fwd+bwd peak stays under a bound proportional to n * tile,
     doubles (not quadruples) with n, and is far below the dense reference's n^2."""

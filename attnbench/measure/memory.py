@@ -4,7 +4,8 @@
 storage itself: a dispatch mode sees every tensor an operator returns (forward and, on the CPU,
 backward too, since autograd runs CPU backward on the calling thread), adds its storage's bytes
 when first seen and subtracts them when the storage is freed. Tensors that existed before the
-measured region (the inputs) are not counted. Scratch buffers that a fused kernel allocates
+measured region (the inputs) are not counted, nor are views of them (an output that shares an
+argument's storage allocates nothing). Scratch buffers that a fused kernel allocates
 internally without returning them are not seen either; they are small for the kernels here
 (per-thread tiles), but the method's name travels with every number so a reader knows.
 
@@ -35,9 +36,12 @@ class LiveBytes(TorchDispatchMode):
         self._seen: set[int] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        # A view or an in-place result shares an argument's storage: it allocates nothing.
+        shared = {_storage_ptr(t) for t in tree_flatten((args, kwargs))[0]}
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
+            if isinstance(t, torch.Tensor) and _storage_ptr(t) not in shared:
                 self._track(t)
         return out
 
@@ -59,6 +63,15 @@ class LiveBytes(TorchDispatchMode):
         if key in self._seen:
             self._seen.discard(key)
             self.live -= nbytes
+
+
+def _storage_ptr(t: object) -> int | None:
+    if not isinstance(t, torch.Tensor):
+        return None
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):
+        return None
 
 
 @dataclass(frozen=True)
