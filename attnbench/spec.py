@@ -56,6 +56,12 @@ class Param:
     valid: Callable[[Any], bool] | None = None
     parse: Callable[[str], Any] | None = None
     choices: tuple[Any, ...] = ()
+    #: Value -> command-line text (the inverse of ``parse``); default ``str``.
+    show: Callable[[Any], str] | None = None
+
+    def text(self, value: Any) -> str:
+        """The value as a user would type it after ``--param NAME=``."""
+        return self.show(value) if self.show is not None else str(value)
 
     def coerce(self, value: Any, owner: str) -> Any:
         """Parse (if text) and validate one value; raise AttnbenchError naming the parameter."""

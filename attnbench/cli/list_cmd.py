@@ -38,6 +38,7 @@ def describe(mech: Mechanism, device: str) -> dict[str, Any]:
         "backward": mech.backward,
         "dtypes": [str(d).removeprefix("torch.") for d in mech.dtypes],
         "params": {p.name: _plain(p.default) for p in mech.params},
+        "params_text": {p.name: p.text(p.default) for p in mech.params},
         "extra_inputs": [e.name for e in mech.extra_inputs],
         "paths": [
             {
@@ -112,7 +113,7 @@ def list_mechanisms(
                     e["memory"],
                     e["causal"],
                     e["bidirectional"],
-                    ";".join(f"{k}={v}" for k, v in e["params"].items()),
+                    ";".join(f"{k}={v}" for k, v in e["params_text"].items()),
                     ";".join(
                         p["name"] + ("" if p["available"] else f" [{p['reason']}]")
                         for p in e["paths"]
@@ -142,7 +143,7 @@ def list_mechanisms(
             e["source"],
             f"time {e['time']}\nmemory {e['memory']}",
             f"{'yes' if e['causal'] else 'no'} / {'yes' if e['bidirectional'] else 'no'}",
-            "\n".join(f"{k}={v}" for k, v in e["params"].items()) or "-",
+            "\n".join(f"{k}={v}" for k, v in e["params_text"].items()) or "-",
             _paths_cell(e),
         )
     out.print(table)

@@ -47,6 +47,11 @@ DEFAULT: Segments = ((256, 1), (512, 2), (1024, 4), (2048, 8))
 ACCEPTED = "a non-empty list of w:r pairs of integers >= 1, e.g. 256:1,512:2,1024:4"
 
 
+def format_segments(segments: Segments) -> str:
+    """((256, 1), (512, 2)) -> ``"256:1,512:2"`` (what parse_segments reads)."""
+    return ",".join(f"{w}:{r}" for w, r in segments)
+
+
 def parse_segments(text: str) -> Segments:
     """``"256:1,512:2"`` -> ((256, 1), (512, 2)); raises ValueError on anything else."""
     pairs = []
@@ -188,6 +193,7 @@ MECHANISM = Mechanism(
             accepted=ACCEPTED,
             valid=valid_segments,
             parse=parse_segments,
+            show=format_segments,
         ),
     ),
     paths=(
