@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from attnbench import __version__
-from attnbench.cli import list_cmd
+from attnbench.cli import compare, list_cmd, plot
 from attnbench.cli.common import Group
 from attnbench.cli.run import run_app
 
@@ -37,6 +37,8 @@ def root(
 
 app.command("list")(list_cmd.list_mechanisms)
 app.add_typer(run_app, name="run")
+app.command("plot")(plot.plot_cmd)
+app.command("compare")(compare.compare_cmd)
 
 
 def main() -> None:
