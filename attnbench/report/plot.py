@@ -1,13 +1,14 @@
 """Figures from a speed results CSV: time, throughput and peak memory against n.
 
 One figure per (direction, causal flag) — and per dtype, device and head dim when a file mixes
-them — with three log-log panels. Colour says the family (shades within it, one per mechanism),
-line style the path kind (reference dashed, efficient solid, fused dotted). Cases that did not run
-are never silently missing: a length-dependent ``oom``/``error``/``skipped``/``unsupported`` cell
-is a marker on the strip at the bottom of each panel, at its n, in its series' colour; a series
-that ran nowhere is listed under the figure with its reason. The memory panel carries the bytes of
-one dense n x n score matrix per head (B * H * n^2 * itemsize), the line every O(n^2) method
-follows and every efficient one should leave behind.
+them — with three log-log panels. Colour says the mechanism (the legend groups mechanisms by
+family), line style the path kind (reference dashed with hollow markers, efficient solid, fused
+dotted). Cases that did not run are never silently missing: a length-dependent
+``oom``/``error``/``skipped``/``unsupported`` cell is a marker on the strip at the bottom of each
+panel, at its n, in its series' colour; a series that ran nowhere is listed under the figure with
+its reason. The memory panel carries the bytes of one dense n x n score matrix per head
+(B * H * n^2 * itemsize), the line every O(n^2) method follows and every efficient one should
+leave behind.
 """
 
 from __future__ import annotations
@@ -27,33 +28,28 @@ from attnbench.errors import AttnbenchError  # noqa: E402
 from attnbench.suites.results import read_results  # noqa: E402
 
 FORMATS = ("png", "svg")
-FAMILY_MAPS = ("Blues", "Oranges", "Greens", "Reds", "Purples", "Greys", "YlOrBr", "PuRd")
 KIND_STYLE = {"reference": "--", "efficient": "-", "fused": ":"}
 KIND_MARKER = {"reference": "o", "efficient": "o", "fused": "s"}
 STATUS_MARKER = {"oom": "X", "error": "*", "skipped": ">", "unsupported": "|"}
 STATUS_ROW = {"oom": 0.03, "error": 0.07, "skipped": 0.11, "unsupported": 0.15}
 ITEMSIZE = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
 MAX_FOOTNOTES = 14
+STRIP_JITTER = 0.012  # octaves between neighbouring series' strip markers
 
 
 def _series_colors(df: pd.DataFrame) -> dict[tuple, tuple]:
-    """A colour per (mechanism, path, params): the family's colormap, one shade per member."""
-    colors = {}
-    families = list(dict.fromkeys(df["family"]))
-    for f_index, family in enumerate(families):
-        cmap = plt.get_cmap(FAMILY_MAPS[f_index % len(FAMILY_MAPS)])
-        members = list(
-            dict.fromkeys(
-                zip(
-                    *(df[df["family"] == family][c] for c in ("mechanism", "path", "params")),
-                    strict=False,
-                )
-            )
-        )
-        for i, key in enumerate(members):
-            shade = 0.9 - 0.55 * (i / max(1, len(members) - 1)) if len(members) > 1 else 0.7
-            colors[key] = cmap(shade)
-    return colors
+    """A colour per mechanism (its paths share it, told apart by line style), taken in family
+    order from 40 distinct colours, so a family's mechanisms sit together in the legend."""
+    palette = [plt.get_cmap("tab20")(i) for i in range(0, 20, 2)]
+    palette += [plt.get_cmap("tab20b")(i) for i in range(0, 20, 4)]
+    palette += [plt.get_cmap("tab20")(i) for i in range(1, 20, 2)]
+    palette += [plt.get_cmap("tab20b")(i) for i in range(2, 20, 4)]
+    mechs: list[str] = []
+    for family in dict.fromkeys(df["family"]):
+        mechs += list(dict.fromkeys(df[df["family"] == family]["mechanism"]))
+    by_mech = {m: palette[i % len(palette)] for i, m in enumerate(mechs)}
+    keys = zip(df["mechanism"], df["path"], df["params"], strict=True)
+    return {key: by_mech[key[0]] for key in keys}
 
 
 def _fmt_n(n: float) -> str:
@@ -132,7 +128,7 @@ def _figure(df: pd.DataFrame, colors: dict[tuple, tuple], path: Path) -> None:
     lengths = sorted(df["seq_len"].unique())
     for ax, (col, ylabel, scale) in zip(axes, panels, strict=True):
         strip = blended_transform_factory(ax.transData, ax.transAxes)
-        for _family, mech, p, params in series:
+        for index, (_family, mech, p, params) in enumerate(series):
             s = df[(df["mechanism"] == mech) & (df["path"] == p) & (df["params"] == params)]
             s = s.sort_values("seq_len")
             kind = s["path_kind"].iloc[0]
@@ -154,8 +150,10 @@ def _figure(df: pd.DataFrame, colors: dict[tuple, tuple], path: Path) -> None:
             for status, marker in STATUS_MARKER.items():
                 bad = s[s["status"] == status]
                 if not bad.empty:
+                    # Spread the series' markers a little sideways so none hides another.
+                    jitter = 2 ** (STRIP_JITTER * (index - (len(series) - 1) / 2))
                     ax.scatter(
-                        bad["seq_len"],
+                        bad["seq_len"] * jitter,
                         [STATUS_ROW[status]] * len(bad),
                         marker=marker,
                         s=60 if marker != "|" else 90,

@@ -127,8 +127,46 @@ def load(path: Path) -> SuiteText:
     except UnicodeDecodeError:
         raise AttnbenchError(f"{path}: not UTF-8 text; a suite file is TOML") from None
     except tomllib.TOMLDecodeError as e:
-        raise AttnbenchError(f"{path}: malformed TOML: {e}") from None
+        raise AttnbenchError(_syntax_error(path, text, str(e))) from None
     return SuiteText(path, data, Lines(text), hashlib.sha256(raw).hexdigest())
+
+
+def _syntax_error(path: Path, text: str, message: str) -> str:
+    """``FILE line L: malformed TOML: WHAT (column C)``; at the end of the document, the line of
+    the bracket or brace left open, which is where the mistake usually is."""
+    at = re.search(r"\s*\(at line (\d+), column (\d+)\)$", message)
+    if at:
+        what = message[: at.start()]
+        return f"{path} line {at.group(1)}: malformed TOML: {what} (column {at.group(2)})"
+    what = re.sub(r"\s*\(at end of document\)$", "", message)
+    line = _unclosed_line(text)
+    where = f" line {line}" if line else ""
+    return f"{path}{where}: malformed TOML: {what} at the end of the file (is a bracket open?)"
+
+
+def _unclosed_line(text: str) -> int | None:
+    """The line of the first ``[`` or ``{`` never closed (strings and comments skipped)."""
+    stack: list[int] = []
+    quote = ""
+    for number, line in enumerate(text.splitlines(), start=1):
+        i = 0
+        while i < len(line):
+            ch = line[i]
+            if quote:
+                if ch == "\\" and quote == '"':
+                    i += 1
+                elif ch == quote:
+                    quote = ""
+            elif ch in "\"'":
+                quote = ch
+            elif ch == "#":
+                break
+            elif ch in "[{":
+                stack.append(number)
+            elif ch in "]}" and stack:
+                stack.pop()
+            i += 1
+    return stack[0] if stack else None
 
 
 # --------------------------------------------------------------------------------------------
