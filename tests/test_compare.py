@@ -29,6 +29,7 @@ def row(**over) -> dict:
         device_name="Test CPU",
         torch_version="2.13.0+cpu",
         threads=1,
+        clock="process-cpu",
         dtype="float32",
         batch=1,
         heads=4,

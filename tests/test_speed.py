@@ -14,7 +14,7 @@ import torch
 
 from attnbench import registry
 from attnbench.errors import AttnbenchError
-from attnbench.measure.timing import TimingPolicy
+from attnbench.measure.timing import Clock, TimingPolicy
 from attnbench.spec import ExtraInput, Mechanism, Path, Requirement
 from attnbench.suites.results import COLUMNS, read_results
 from attnbench.suites.speed import describe_not_run, is_oom, plan, run_speed
@@ -76,6 +76,16 @@ def test_rows_schema_sidecar_and_complexity(tmp_path):
     cx = run.exponents
     assert len(cx) == 2 * 2 * 2 and cx["points"].eq(2).all()
     assert run.complexity.read_text().startswith("mechanism,")
+
+
+def test_the_cpu_time_clock_is_recorded_and_refused_on_cuda(tmp_path):
+    suite = tiny(mechanisms=("softmax:efficient",), lengths=(16,), causal=(False,))
+    run = run_speed(replace(suite, timing=replace(FAST, clock="cpu")), tmp_path)
+    df = read_results(run.csv)
+    assert set(df["clock"]) == {"process-cpu"} and (df["time_median_ms"] > 0).all()
+    assert json.loads(run.sidecar.read_text())["machine_class"].endswith("|clock=process-cpu")
+    with pytest.raises(ValueError, match="a CPU device only"):
+        Clock("cuda", "cpu")
 
 
 def test_rows_are_on_disk_before_the_next_group_runs(tmp_path):

@@ -1,7 +1,8 @@
 """Provenance for a results sidecar: the machine, the versions, the git state.
 
 ``machine_class`` is what two runs must share for their times to be compared: the device type,
-its model name and the thread count. A baseline from another class is skipped, not failed.
+its model name, the thread count and the clock. A baseline from another class is skipped, not
+failed.
 """
 
 from __future__ import annotations
@@ -44,9 +45,10 @@ def device_name(device: torch.device) -> str:
     return cpu_model()
 
 
-def machine_class(device: torch.device, threads: int) -> str:
-    """``cpu|Intel(R) Xeon(R) Processor|threads=2``: runs of one class have comparable times."""
-    return f"{device.type}|{device_name(device)}|threads={threads}"
+def machine_class(device: torch.device, threads: int, clock: str) -> str:
+    """``cpu|Intel(R) Xeon(R) Processor|threads=2|clock=wall``: runs of one class have comparable
+    times."""
+    return f"{device.type}|{device_name(device)}|threads={threads}|clock={clock}"
 
 
 def machine(device: torch.device) -> dict[str, Any]:

@@ -5,6 +5,13 @@ The clock is monotonic and device-aware. On the CPU a block of calls is timed wi
 recorded around the block and one synchronisation per block, so launch overhead overlaps as it
 does in real use.
 
+``clock="cpu"`` (CPU only) times the CPU time the process consumed instead
+(``time.process_time_ns``, all its threads). It answers "how much work does this call do", not
+"how long did the user wait", and it does not see the time the process spent descheduled: on a
+machine running more processes than it has cores, wall-clock samples of a few milliseconds are
+preempted again and again and their ratios swing by 1.5-6x between runs (measured here at load
+8 on 2 cores), while CPU time stays put. The CI regression gate uses it, with one thread.
+
 Noise on a shared machine is fought in two ways (see ``FIELD-NOTES``): medians and the p20..p80
 spread instead of the mean, and *interleaving*: every member of a group (the mechanisms measured
 at one length) is timed once per round, A B C A B C ..., so that a burst of load from another
@@ -14,6 +21,8 @@ then cancels most of that load.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +35,9 @@ import torch
 #: torch.utils.benchmark warns at IQR (p25..p75) / median > 10 %; p20..p80 is a slightly wider
 #: band, so the same 10 % is a slightly stricter test, which suits the few rounds taken here.
 NOISY_SPREAD = 0.10
+
+#: What a suite's ``clock`` may be (see the module docstring).
+CLOCKS = ("wall", "cpu")
 
 #: Never take more warm-up calls than this, however short a call is (time is the usual limit).
 MAX_WARMUP_CALLS = 200
@@ -41,6 +53,8 @@ class TimingPolicy:
     min_rounds: int = 3  # never fewer rounds, even when a group is slow
     block_s: float = 0.005  # one sample averages enough calls to last this long (timer noise)
     group_budget_s: float = 4.0  # rounds are cut (down to min_rounds) to fit a group in this
+    clock: str = "wall"  # "wall" (perf_counter / CUDA events) or "cpu" (process CPU time)
+    retain_memory: bool = False  # keep freed memory in the process (see retain_freed_memory)
 
 
 @dataclass(frozen=True)
@@ -76,13 +90,41 @@ def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Stats:
     return stats([x / y for x, y in zip(a, b, strict=True)])
 
 
+def retain_freed_memory() -> bool:
+    """Make glibc's malloc keep freed memory in the process instead of returning it to the OS.
+
+    PyTorch's CPU allocator does not cache: a path that allocates a 4 MiB temporary per step gets
+    fresh pages from the kernel each time, and faulting them in and zeroing them is system time
+    that depends on the rest of the machine (transparent huge pages, memory pressure). Measured
+    here: flash-tiled took 2,000-4,300 page faults per call and its CPU time was bimodal between
+    otherwise identical processes (1.7x). With freed memory kept in the heap (what the CUDA
+    caching allocator does on a GPU) the faults vanish. Process-wide and irreversible; only
+    suites that ask for it (``[timing] retain_memory = true``, the CI grid) call it. Returns
+    whether it took effect (False off glibc).
+    """
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+    big = 1 << 30  # allocations below 1 GiB come from the heap; the heap is never trimmed
+    return bool(mallopt(m_mmap_threshold, big)) and bool(mallopt(m_trim_threshold, big))
+
+
 class Clock:
     """Times blocks of calls on one device; ``time_block`` returns seconds per call."""
 
-    def __init__(self, device: torch.device | str) -> None:
+    def __init__(self, device: torch.device | str, kind: str = "wall") -> None:
         self.device = torch.device(device)
         self.cuda = self.device.type == "cuda"
-        self.name = "cuda-events" if self.cuda else "perf_counter_ns"
+        if kind not in CLOCKS:
+            raise ValueError(f"clock {kind!r}: accepted: {', '.join(CLOCKS)}")
+        if kind == "cpu" and self.cuda:
+            raise ValueError("clock 'cpu' measures CPU time: a CPU device only")
+        self.cpu_time = kind == "cpu"
+        self.name = "cuda-events" if self.cuda else ("process-cpu" if self.cpu_time else "wall")
 
     def sync(self) -> None:
         if self.cuda:
@@ -99,10 +141,11 @@ class Clock:
             end.record()
             end.synchronize()
             return start.elapsed_time(end) / 1e3 / calls
-        t0 = time.perf_counter_ns()
+        now = time.process_time_ns if self.cpu_time else time.perf_counter_ns
+        t0 = now()
         for _ in range(calls):
             fn()
-        return (time.perf_counter_ns() - t0) / 1e9 / calls
+        return (now() - t0) / 1e9 / calls
 
 
 @dataclass(frozen=True)

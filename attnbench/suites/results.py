@@ -31,6 +31,7 @@ COLUMNS: tuple[str, ...] = (
     "device_name",
     "torch_version",
     "threads",
+    "clock",
     "dtype",
     "batch",
     "heads",

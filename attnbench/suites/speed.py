@@ -50,6 +50,7 @@ from attnbench.measure.timing import (
     WarmUp,
     block_calls,
     paired_ratio,
+    retain_freed_memory,
     rounds_for,
     stats,
     warm_up,
@@ -66,8 +67,9 @@ COMPLEXITY_NAME = "complexity.csv"
 
 CONVENTIONS = {
     "time": (
-        "milliseconds per call: median and p20/p80 over interleaved rounds, each sample the mean "
-        "of a block of calls; fwd runs under torch.no_grad(); fwdbwd is forward + "
+        "milliseconds per call (clock column: wall = elapsed, process-cpu = CPU time of the "
+        "process, cuda-events = GPU time): median and p20/p80 over interleaved rounds, each "
+        "sample the mean of a block of calls; fwd runs under torch.no_grad(); fwdbwd is forward + "
         "autograd.grad of all inputs for a fixed random output gradient"
     ),
     "noisy": f"(p80 - p20) / median > {NOISY_SPREAD}",
@@ -321,7 +323,7 @@ class _Runner:
         self.mm_rates: dict[str, list[float]] = {}  # dtype -> the matmul rate of every group
         self.device = suite.torch_device()
         self.device_name = machine.device_name(self.device)
-        self.clock = Clock(self.device)
+        self.clock = Clock(self.device, suite.timing.clock)
         self.rows: list[dict[str, Any]] = []
         self.done: set[int] = set()  # id() of cases that have a row
         self.skip: dict[tuple, str] = {}  # series -> why its longer lengths are skipped
@@ -346,6 +348,7 @@ class _Runner:
             device_name=self.device_name,
             torch_version=torch.__version__,
             threads=self.threads,
+            clock=self.clock.name,
             dtype=str(case.dtype).removeprefix("torch."),
             batch=s.batch,
             heads=s.heads,
@@ -375,7 +378,6 @@ class _Runner:
             n = case.shape.seq_len
             self.skip[case.series] = f"skipped: out of memory at n={n}"
             self._emit(case, self._row(case, "oom", one_line(e)))
-            free_memory(self.device)
         else:
             self._emit(case, self._row(case, "error", one_line(e)))
 
@@ -400,9 +402,12 @@ class _Runner:
                 continue
             except Exception as e:
                 self._fail(case, e)
+                member = None
+            if member is None:
+                # Out of the except block: the traceback no longer pins the failed call's tensors.
+                free_memory(self.device)
                 continue
-            if member is not None:
-                members.append(member)
+            members.append(member)
         if members:
             anchor, block = self._anchor(group.dtype)
             anchor_samples = self._time(members, anchor, block)
@@ -490,10 +495,12 @@ class _Runner:
             for m in list(live):
                 try:
                     m.samples.append(self.clock.time_block(m.call, m.block))
+                    continue
                 except Exception as e:
                     live.remove(m)
                     members.remove(m)
                     self._fail(m.case, e)
+                free_memory(self.device)
         return anchor_samples
 
     def _write_group(
@@ -595,6 +602,7 @@ def run_speed(
     prepare_out_dir(out_dir, overwrite)
     csv_path, side_path = out_dir / CSV_NAME, out_dir / SIDECAR_NAME
     cx_path = out_dir / COMPLEXITY_NAME
+    retained = retain_freed_memory() if suite.timing.retain_memory else False
     threads_before = torch.get_num_threads()
     threads = suite.thread_count()
     torch.set_num_threads(threads)
@@ -603,11 +611,14 @@ def run_speed(
         "schema": SCHEMA_VERSION,
         "kind": "attnbench-speed",
         "suite": suite.settings(),
-        "command": shlex.join(command if command is not None else sys.argv),
+        "command": shlex.join(command if command is not None else command_line()),
         "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "finished": None,
         "machine": machine.machine(device),
-        "machine_class": machine.machine_class(device, threads),
+        "malloc": "glibc: freed memory retained" if retained else "default",
+        "machine_class": machine.machine_class(
+            device, threads, Clock(device, suite.timing.clock).name
+        ),
         "versions": machine.versions(),
         "git": machine.git_state(),
         "conventions": CONVENTIONS,
@@ -660,6 +671,14 @@ def run_speed(
         not_run=not_run,
         wall_s=wall,
     )
+
+
+def command_line() -> list[str]:
+    """sys.argv as the user typed it: ``attnbench run speed ...`` also for ``python -m``."""
+    argv = list(sys.argv)
+    if argv and (argv[0].endswith("__main__.py") or FilePath(argv[0]).name == "attnbench"):
+        argv[0] = "attnbench"
+    return argv
 
 
 def _statuses(rows: list[dict[str, Any]]) -> list[str]:

@@ -189,6 +189,20 @@ TIMING = {
     "matmul_size": Key(
         "int", 1024, "size of the square matmul timed for the roofline", valid=_positive
     ),
+    "retain_memory": Key(
+        "bool",
+        False,
+        "keep freed memory in the process (glibc), so no call pays the kernel for fresh pages: "
+        "steadier CPU times for paths that allocate big temporaries (the CI grid uses it)",
+    ),
+    "clock": Key(
+        "str",
+        "wall",
+        "`wall` (elapsed time; CUDA events on a GPU) or `cpu` (CPU time of the process: immune "
+        "to being descheduled on a busy machine; CPU device only)",
+        accepted="wall, cpu",
+        valid=lambda x: x in ("wall", "cpu"),
+    ),
 }
 
 
@@ -342,6 +356,8 @@ def parse_suite(text: SuiteText, mechanisms: Sequence[Mechanism] | None = None) 
             min_rounds=timing["min_rounds"],
             block_s=timing["block_s"],
             group_budget_s=timing["group_budget_s"],
+            clock=timing["clock"],
+            retain_memory=timing["retain_memory"],
         ),
         matmul_size=timing["matmul_size"],
         params={k: dict(v) for k, v in params.items()},
@@ -444,7 +460,11 @@ def override(
     if params:
         changes["common_params"] = dict(params)
     out = replace(suite, **changes)
-    resolve_device(out.device)  # fail now, not after the calibration
+    if resolve_device(out.device).type == "cuda" and out.timing.clock == "cpu":
+        raise AttnbenchError(
+            "[timing] clock = 'cpu' measures CPU time, which means nothing for CUDA work; "
+            "accepted with a GPU: clock = 'wall'"
+        )
     selected = select(out, mechs)
     for key in out.common_params:
         if not any(key in m.param_names for m, _ in selected):
