@@ -180,6 +180,7 @@ def test_cli_exit_codes_tables_and_markdown(tmp_path):
     result = runner.invoke(app, ["compare", str(c), str(b), "--markdown", str(md)])
     assert result.exit_code == 1, result.output
     assert "worse" in result.stdout and "1 regression" in result.stdout
+    assert "local:efficient [window=64] fwd bidir n=1024" in result.stdout  # not eaten as markup
     text = md.read_text()
     assert "**worse**" in text and "| case | metric | baseline | current | ratio |" in text
     assert runner.invoke(app, ["compare", str(c), str(b), "--time-ratio", "2"]).exit_code == 0

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from attnbench.cli.common import err, out
@@ -92,7 +93,8 @@ def compare_cmd(
         style = STYLE.get(ln.verdict, "")
         ratio = f"{ln.ratio:.3f}" if ln.ratio is not None else ""
         verdict = f"[{style}]{ln.verdict}[/{style}]" if style else ln.verdict
-        table.add_row(ln.case, ln.metric, ln.baseline, ln.current, ratio, verdict, ln.note)
+        cells = (ln.case, ln.metric, ln.baseline, ln.current)
+        table.add_row(*map(escape, cells), ratio, verdict, escape(ln.note))
     out.print(table)
     for w in result.warnings:
         err.print(f"[yellow]warning:[/yellow] {w}")

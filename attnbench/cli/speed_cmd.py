@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -110,7 +111,7 @@ class RichReporter:
     def row(self, row: Mapping[str, Any]) -> None:
         self.progress.advance(self.task)
         if row["status"] in ("oom", "error"):
-            self.progress.console.print(f"[yellow]{row_line(row)}[/yellow]")
+            self.progress.console.print(f"[yellow]{escape(row_line(row))}[/yellow]")
 
     def finish(self) -> None:
         self.progress.stop()
@@ -129,7 +130,7 @@ def print_summary(run: SpeedRun) -> None:
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(
-            r["impl"],
+            escape(r["impl"]),
             r["ok"],
             r["other"] or "",
             r.get("series", "-"),

@@ -264,7 +264,7 @@ def _time_line(label: str, b: Mapping[str, Any], c: Mapping[str, Any], th: Thres
         f"{c['time_median_ms']:.3g} ms",
         change,
         verdict,
-        "the reference itself: time normalised by each run's matmul calibration",
+        "the reference itself: time x the rate of the matmul timed in the same rounds",
     )
 
 
