@@ -52,7 +52,7 @@ class TimingPolicy:
     rounds: int = 5  # timed rounds at most (one sample per member per round)
     min_rounds: int = 3  # never fewer rounds, even when a group is slow
     block_s: float = 0.005  # one sample averages enough calls to last this long (timer noise)
-    group_budget_s: float = 4.0  # rounds are cut (down to min_rounds) to fit a group in this
+    group_budget_s: float = 4.0  # rounds stop once a group has taken this long (>= min_rounds)
     clock: str = "wall"  # "wall" (perf_counter / CUDA events) or "cpu" (process CPU time)
     retain_memory: bool = False  # keep freed memory in the process (see retain_freed_memory)
 
@@ -178,11 +178,3 @@ def block_calls(per_call_s: float, policy: TimingPolicy) -> int:
     if per_call_s <= 0:
         return 1
     return max(1, math.ceil(policy.block_s / per_call_s))
-
-
-def rounds_for(round_cost_s: float, policy: TimingPolicy) -> int:
-    """Rounds that fit ``group_budget_s``, between ``min_rounds`` and ``rounds``."""
-    if round_cost_s <= 0:
-        return policy.rounds
-    fit = int(policy.group_budget_s // round_cost_s)
-    return max(policy.min_rounds, min(policy.rounds, fit))

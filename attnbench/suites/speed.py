@@ -51,7 +51,6 @@ from attnbench.measure.timing import (
     block_calls,
     paired_ratio,
     retain_freed_memory,
-    rounds_for,
     stats,
     warm_up,
 )
@@ -483,14 +482,17 @@ class _Runner:
         return cache[key]
 
     def _time(self, members: list[_Member], anchor: MatmulAnchor, block: int) -> list[float]:
-        """Interleaved rounds: the matmul, then every live member, once per round."""
+        """Interleaved rounds: the matmul, then every live member, once per round; rounds go on
+        until ``group_budget_s`` has elapsed (at least ``min_rounds``, at most ``rounds``), so
+        the rounds a group gets follow what its rounds really took on this machine, now."""
         policy = self.suite.timing
-        cost = sum(m.block * m.warm.per_call_s for m in members)
-        rounds = rounds_for(cost, policy)
         live = list(members)
         anchor_samples = []
-        for r in range(rounds):
-            self.reporter.note(f"round {r + 1}/{rounds}")
+        started = time.perf_counter()
+        for r in range(policy.rounds):
+            if r >= policy.min_rounds and time.perf_counter() - started >= policy.group_budget_s:
+                break
+            self.reporter.note(f"round {r + 1}")
             anchor_samples.append(self.clock.time_block(anchor, block))
             for m in list(live):
                 try:

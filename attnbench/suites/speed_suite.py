@@ -182,7 +182,8 @@ TIMING = {
     "group_budget_s": Key(
         "float",
         4.0,
-        "rounds are cut (not below min_rounds) to time one length's cases in about this long",
+        "timed rounds stop once one length's group has taken this long (seconds; after "
+        "min_rounds, before rounds)",
         valid=lambda x: x > 0,
         accepted="> 0",
     ),
