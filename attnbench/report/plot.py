@@ -24,6 +24,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
+from attnbench import registry  # noqa: E402
 from attnbench.errors import AttnbenchError  # noqa: E402
 from attnbench.suites.results import read_results  # noqa: E402
 
@@ -44,12 +45,32 @@ def _series_colors(df: pd.DataFrame) -> dict[tuple, tuple]:
     palette += [plt.get_cmap("tab20b")(i) for i in range(0, 20, 4)]
     palette += [plt.get_cmap("tab20")(i) for i in range(1, 20, 2)]
     palette += [plt.get_cmap("tab20b")(i) for i in range(2, 20, 4)]
-    mechs: list[str] = []
-    for family in dict.fromkeys(df["family"]):
-        mechs += list(dict.fromkeys(df[df["family"] == family]["mechanism"]))
+    mechs = _mechanism_order(df)
     by_mech = {m: palette[i % len(palette)] for i, m in enumerate(mechs)}
     keys = zip(df["mechanism"], df["path"], df["params"], strict=True)
     return {key: by_mech[key[0]] for key in keys}
+
+
+def _mechanism_order(df: pd.DataFrame) -> list[str]:
+    """Mechanisms in registry order (then any the registry does not know, as they appear), with
+    each family's mechanisms together, families in the order of their first mechanism."""
+    known = registry.names()
+    seen = list(dict.fromkeys(df["mechanism"]))
+    mechs = sorted(seen, key=lambda m: known.index(m) if m in known else len(known) + seen.index(m))
+    family_of = dict(zip(df["mechanism"], df["family"], strict=True))
+    families = list(dict.fromkeys(family_of[m] for m in mechs))
+    return sorted(mechs, key=lambda m: families.index(family_of[m]))
+
+
+def _ordered_series(df: pd.DataFrame) -> list[tuple]:
+    """(family, mechanism, path, params) in legend order: mechanisms as above, paths by kind."""
+    order = {m: i for i, m in enumerate(_mechanism_order(df))}
+    kinds = {"reference": 0, "efficient": 1, "fused": 2}
+    keys = dict.fromkeys(
+        zip(df["family"], df["mechanism"], df["path"], df["params"], df["path_kind"], strict=True)
+    )
+    ordered = sorted(keys, key=lambda k: (order[k[1]], kinds.get(k[4], 3)))
+    return list(dict.fromkeys(k[:4] for k in ordered))
 
 
 def _fmt_n(n: float) -> str:
@@ -104,9 +125,7 @@ def _figure(df: pd.DataFrame, colors: dict[tuple, tuple], path: Path) -> None:
     first = df.iloc[0]
     direction, causal = first["direction"], bool(first["causal"])
     mem_col = "mem_fwd_bytes" if direction == "fwd" else "mem_fwdbwd_bytes"
-    series = list(
-        dict.fromkeys(zip(df["family"], df["mechanism"], df["path"], df["params"], strict=False))
-    )
+    series = _ordered_series(df)
     never_ran = []
     footnotes = []
     for _family, mech, p, params in series:
@@ -133,11 +152,13 @@ def _figure(df: pd.DataFrame, colors: dict[tuple, tuple], path: Path) -> None:
             s = s.sort_values("seq_len")
             kind = s["path_kind"].iloc[0]
             color = colors[(mech, p, params)]
-            ok = s[(s["status"] == "ok") & s[col].notna()]
-            if not ok.empty:
+            # Every length of the series, NaN where it did not run: the line breaks there
+            # instead of bridging the gap as if the cell had been measured.
+            y = s[col].astype(float).where(s["status"] == "ok") * scale
+            if y.notna().any():
                 ax.plot(
-                    ok["seq_len"],
-                    ok[col].astype(float) * scale,
+                    s["seq_len"],
+                    y,
                     KIND_STYLE.get(kind, "-"),
                     marker=KIND_MARKER.get(kind, "o"),
                     markersize=4,
@@ -176,7 +197,7 @@ def _figure(df: pd.DataFrame, colors: dict[tuple, tuple], path: Path) -> None:
     axes[0].set_title("time (lower is better)")
     axes[1].set_title("throughput (higher is better)")
     axes[2].set_title("peak memory, " + ("forward" if direction == "fwd" else "forward+backward"))
-    _legends(fig, axes[0], df, series, colors, never_ran)
+    _legends(fig, df, series, colors, never_ran)
     dname = first["device_name"]
     fig.suptitle(
         f"{'forward' if direction == 'fwd' else 'forward + backward'}, "
@@ -220,7 +241,7 @@ def _dense_line(ax, df: pd.DataFrame, scale: float) -> None:
     )
 
 
-def _legends(fig, ax, df: pd.DataFrame, series: list[tuple], colors, never_ran) -> None:
+def _legends(fig, df: pd.DataFrame, series: list[tuple], colors, never_ran) -> None:
     handles: list[Line2D] = []
     for family in dict.fromkeys(f for f, *_ in series):
         handles.append(Line2D([], [], linestyle="none", label=f"— {family} —"))
@@ -243,6 +264,14 @@ def _legends(fig, ax, df: pd.DataFrame, series: list[tuple], colors, never_ran) 
                     label=label,
                 )
             )
+    status_handles = [
+        Line2D([], [], linestyle="none", marker=m, color="0.3", markersize=7, label=s)
+        for s, m in STATUS_MARKER.items()
+        if (df["status"] == s).any()
+    ]
+    if status_handles:
+        handles.append(Line2D([], [], linestyle="none", label="— not measured (bottom strip) —"))
+        handles.extend(status_handles)
     ncol = 1 if len(handles) <= 34 else 2
     leg = fig.legend(
         handles=handles,
@@ -256,17 +285,3 @@ def _legends(fig, ax, df: pd.DataFrame, series: list[tuple], colors, never_ran) 
     for text in leg.get_texts():
         if text.get_text().startswith("— "):
             text.set_fontweight("bold")
-    status_handles = [
-        Line2D([], [], linestyle="none", marker=m, color="0.3", markersize=7, label=s)
-        for s, m in STATUS_MARKER.items()
-        if (df["status"] == s).any()
-    ]
-    if status_handles:
-        ax.legend(
-            handles=status_handles,
-            title="not measured (bottom strip)",
-            loc="upper left",
-            fontsize=8,
-            title_fontsize=8,
-            framealpha=0.8,
-        )
