@@ -69,10 +69,10 @@ class PlainReporter:
         typer.echo(f"{description}: {total} cases", err=True)
 
     def note(self, text: str) -> None:
-        if not text.startswith("round"):
-            typer.echo(text, err=True)
+        typer.echo(f"  {text}", err=True)
 
-    def group(self, label: str) -> None: ...
+    def group(self, label: str) -> None:
+        typer.echo(f"{label}: warm-up, memory, then timed rounds", err=True)
 
     def row(self, row: Mapping[str, Any]) -> None:
         self.done += 1

@@ -188,7 +188,7 @@ TIMING = {
         accepted="> 0",
     ),
     "matmul_size": Key(
-        "int", 1024, "size of the square matmul timed for the roofline", valid=_positive
+        "int", 2048, "size of the square matmul timed for the roofline", valid=_positive
     ),
     "retain_memory": Key(
         "bool",
@@ -233,7 +233,7 @@ class SpeedSuite:
     max_call_s: float = 0.0
     threads: int = 0
     timing: TimingPolicy = TimingPolicy()
-    matmul_size: int = 1024
+    matmul_size: int = 2048
     #: Parameter overrides per mechanism name, as given (values or text; resolved per mechanism).
     params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: Overrides from --param NAME=VALUE, applied to every selected mechanism that has NAME.
