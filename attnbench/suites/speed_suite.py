@@ -481,8 +481,8 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
         raise AttnbenchError(
-            "--device cuda: no GPU is visible to torch (torch.cuda.is_available() is False); "
-            "accepted here: cpu, auto"
+            "device cuda (from --device or the suite's [grid] device): no GPU is visible to "
+            "torch (torch.cuda.is_available() is False); accepted here: --device cpu or auto"
         )
     if name not in DEVICES:
         raise AttnbenchError(f"device {name!r}: accepted: {', '.join(DEVICES)}")
