@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from attnbench import __version__
-from attnbench.cli import check_cmd, list_cmd, show
+from attnbench.cli import check_cmd, compare, list_cmd, plot, show
 from attnbench.cli.common import Group
 from attnbench.cli.run import run_app
 
@@ -39,6 +39,8 @@ app.command("list")(list_cmd.list_mechanisms)
 app.command("check")(check_cmd.check)
 app.command("show")(show.show)
 app.add_typer(run_app, name="run")
+app.command("plot")(plot.plot_cmd)
+app.command("compare")(compare.compare_cmd)
 
 
 def main() -> None:

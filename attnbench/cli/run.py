@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from attnbench.cli import speed_cmd
 from attnbench.cli.common import Group
 
 run_app = typer.Typer(
@@ -11,3 +12,5 @@ run_app = typer.Typer(
     no_args_is_help=True,
     help="Run a suite: speed and memory, length extrapolation, attention entropy.",
 )
+
+run_app.command("speed")(speed_cmd.speed)

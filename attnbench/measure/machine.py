@@ -1,0 +1,112 @@
+"""Provenance for a results sidecar: the machine, the versions, the git state.
+
+``machine_class`` is what two runs must share for their times to be compared: the device type,
+its model name, the thread count and the clock. A baseline from another class is skipped, not
+failed.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import attnbench
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what platform says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def device_name(device: torch.device) -> str:
+    """What the ``device_name`` column holds: the GPU's name, or the CPU's model."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def machine_class(device: torch.device, threads: int, clock: str) -> str:
+    """``cpu|Intel(R) Xeon(R) Processor|threads=2|clock=wall``: runs of one class have comparable
+    times."""
+    return f"{device.type}|{device_name(device)}|threads={threads}|clock={clock}"
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpu_model": cpu_model(),
+        "logical_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_bytes": memory_bytes(),
+        "platform": platform.platform(),
+        "gpu": None,
+        "gpu_memory_bytes": None,
+    }
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info["gpu"] = props.name
+        info["gpu_memory_bytes"] = props.total_memory
+    return info
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, Any]:
+    cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": cudnn,
+        "triton": _dist_version("triton"),
+        "numpy": _dist_version("numpy"),
+        "attnbench": attnbench.__version__,
+    }
+
+
+def git_state() -> dict[str, Any]:
+    """sha, branch and dirty flag of the checkout the attnbench package was imported from."""
+    root = Path(attnbench.__file__).resolve().parent.parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    sha = git("rev-parse", "HEAD")
+    if sha is None:
+        return {"sha": None, "branch": None, "dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "sha": sha,
+        "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
+        "dirty": bool(status) if status is not None else None,
+    }

@@ -1,0 +1,1 @@
+"""Reading results back: comparisons with a baseline, figures."""

@@ -1,0 +1,1 @@
+"""The suites: runners that turn a suite file (TOML, top-level ``suites/``) into tidy results."""

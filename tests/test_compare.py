@@ -1,0 +1,210 @@
+"""``attnbench compare`` on synthetic results: every verdict and every exit code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.report.compare import Thresholds, compare
+from attnbench.suites.results import COLUMNS, ResultsWriter
+
+runner = CliRunner()
+
+
+def row(**over) -> dict:
+    """One ok row of a plausible CPU run; ``over`` changes any column."""
+    r = {c: None for c in COLUMNS}
+    r.update(
+        suite="ci",
+        mechanism="local",
+        family="sparse",
+        path="efficient",
+        path_kind="efficient",
+        params="window=64",
+        device="cpu",
+        device_name="Test CPU",
+        torch_version="2.13.0+cpu",
+        threads=1,
+        clock="process-cpu",
+        dtype="float32",
+        batch=1,
+        heads=4,
+        kv_heads=4,
+        seq_len=1024,
+        head_dim=32,
+        value_dim=32,
+        causal=False,
+        direction="fwd",
+        status="ok",
+        reason="",
+        time_median_ms=2.0,
+        time_p20_ms=1.9,
+        time_p80_ms=2.1,
+        samples=9,
+        calls_per_sample=3,
+        first_call_ms=3.0,
+        noisy=False,
+        reference="softmax:efficient",
+        ref_ratio=0.50,
+        ref_ratio_p20=0.48,
+        ref_ratio_p80=0.52,
+        tokens_per_s=512000.0,
+        flops=1_000_000,
+        flops_method="pairs",
+        flop_per_s=5e8,
+        matmul_flop_per_s=5e10,
+        roofline=0.01,
+        mem_fwd_bytes=1_000_000,
+        mem_fwdbwd_bytes=3_000_000,
+        mem_method="dispatch-live-bytes",
+    )
+    r.update(over)
+    return r
+
+
+def reference_row(**over) -> dict:
+    base = dict(mechanism="softmax", family="softmax", params="", ref_ratio=1.0)
+    base.update(ref_ratio_p20=1.0, ref_ratio_p80=1.0, time_median_ms=4.0)
+    return row(**{**base, **over})
+
+
+def write(path: Path, rows: list[dict], sidecar: dict | None = None) -> Path:
+    writer = ResultsWriter(path)
+    for r in rows:
+        writer.write(r)
+    writer.close()
+    if sidecar is not None:
+        path.with_suffix(".json").write_text(json.dumps(sidecar))
+    return path
+
+
+def pair(tmp_path, base_rows, cur_rows):
+    b = write(tmp_path / "base.csv", base_rows, {"git": {"sha": "a" * 40, "dirty": False}})
+    c = write(tmp_path / "cur.csv", cur_rows)
+    return c, b
+
+
+def verdicts(result) -> dict[str, str]:
+    return {f"{ln.case}|{ln.metric}": ln.verdict for ln in result.lines}
+
+
+def test_identical_runs_exit_0(tmp_path):
+    rows = [reference_row(), row(), row(seq_len=256), row(direction="fwdbwd", flops=3_000_000)]
+    c, b = pair(tmp_path, rows, rows)
+    result = compare(c, b)
+    assert result.exit_code == 0 and result.compared == 4
+    assert set(verdicts(result).values()) == {"same"}
+
+
+def test_a_real_slowdown_fails_and_noise_does_not(tmp_path):
+    base = [reference_row(), row()]
+    slow = row(ref_ratio=0.75, ref_ratio_p20=0.72, ref_ratio_p80=0.78)  # 1.5x, bands apart
+    c, b = pair(tmp_path, base, [reference_row(), slow])
+    result = compare(c, b)
+    assert result.exit_code == 1 and result.count("worse") == 1
+    # The same factor with overlapping bands (a noisy run) is not a regression...
+    noisy = row(ref_ratio=0.75, ref_ratio_p20=0.45, ref_ratio_p80=0.9)
+    c, b = pair(tmp_path, base, [reference_row(), noisy])
+    assert compare(c, b).exit_code == 0
+    # ...unless separation is switched off.
+    assert compare(c, b, Thresholds(require_separation=False)).exit_code == 1
+    # A 10 % change is within the threshold; a 2x speed-up is "better", not a failure.
+    c, b = pair(tmp_path, base, [reference_row(), row(ref_ratio=0.55, ref_ratio_p20=0.53)])
+    assert compare(c, b).exit_code == 0
+    fast = row(ref_ratio=0.25, ref_ratio_p20=0.24, ref_ratio_p80=0.26)
+    c, b = pair(tmp_path, base, [reference_row(), fast])
+    result = compare(c, b)
+    assert result.exit_code == 0 and result.count("better") == 1
+
+
+def test_the_reference_itself_is_compared_in_matmul_units(tmp_path):
+    base = [reference_row()]
+    c, b = pair(tmp_path, base, [reference_row(time_median_ms=4.0 * 2.0)])
+    assert compare(c, b).exit_code == 1
+    # A machine half as fast: time doubles, so does 1 / matmul rate; nothing changed.
+    c, b = pair(tmp_path, base, [reference_row(time_median_ms=8.0, matmul_flop_per_s=2.5e10)])
+    assert compare(c, b).exit_code == 0
+
+
+def test_flops_memory_and_status_changes(tmp_path):
+    base = [reference_row(), row()]
+    cases = {
+        "flops": row(flops=1_000_001),
+        "memory +10%": row(mem_fwd_bytes=1_100_000 + 64 * 1024),
+        "status": row(status="oom", reason="OutOfMemoryError: ..."),
+    }
+    for name, changed in cases.items():
+        c, b = pair(tmp_path, base, [reference_row(), changed])
+        assert compare(c, b).exit_code == 1, name
+    c, b = pair(tmp_path, base, [reference_row(), row(mem_fwd_bytes=1_010_000)])
+    assert compare(c, b).exit_code == 0  # within 2 % + 64 KiB
+    c, b = pair(tmp_path, base, [reference_row(), row(mem_method="cuda-max-allocated")])
+    assert compare(c, b).exit_code == 0  # different methods are not compared
+
+
+def test_new_and_missing_rows_are_reported_not_failed(tmp_path):
+    base = [reference_row(), row()]
+    current = [reference_row(), row(mechanism="brand-new", params="")]
+    c, b = pair(tmp_path, base, current)
+    result = compare(c, b)
+    assert result.exit_code == 0
+    assert result.count("new") == 1 and result.count("missing") == 1
+    assert any("new" in w for w in result.warnings) and any(
+        "not in this" in w for w in result.warnings
+    )
+
+
+def test_other_machine_or_nothing_in_common_exits_3(tmp_path):
+    base = [reference_row(), row()]
+    c, b = pair(tmp_path, base, [reference_row(threads=2), row(threads=2)])
+    result = compare(c, b)
+    assert result.exit_code == 3
+    assert any("another machine class" in w for w in result.warnings)
+    c, b = pair(tmp_path, base, [reference_row(torch_version="2.99.0")])
+    assert compare(c, b).exit_code == 3
+    c, b = pair(tmp_path, base, [row(seq_len=8)])  # no case in common
+    assert compare(c, b).exit_code == 3
+    c, b = pair(tmp_path, [], [row()])
+    assert compare(c, b).exit_code == 3
+
+
+def test_cli_exit_codes_tables_and_markdown(tmp_path):
+    base = [reference_row(), row()]
+    slow = row(ref_ratio=0.75, ref_ratio_p20=0.72, ref_ratio_p80=0.78)
+    c, b = pair(tmp_path, base, [reference_row(), slow])
+    md = tmp_path / "out" / "compare.md"
+    result = runner.invoke(app, ["compare", str(c), str(b), "--markdown", str(md)])
+    assert result.exit_code == 1, result.output
+    assert "worse" in result.stdout and "1 regression" in result.stdout
+    assert "local:efficient [window=64] fwd bidir n=1024" in result.stdout  # not eaten as markup
+    text = md.read_text()
+    assert "**worse**" in text and "| case | metric | baseline | current | ratio |" in text
+    assert runner.invoke(app, ["compare", str(c), str(b), "--time-ratio", "2"]).exit_code == 0
+    same = runner.invoke(app, ["compare", str(b), str(b)])
+    assert same.exit_code == 0 and "nothing worse" in same.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        ("hello,world\n1,2\n", "not an attnbench results CSV"),
+        (",".join(COLUMNS[:-1]) + "\n", "schema differs"),
+        (",".join(COLUMNS) + ",extra\n", "unexpected extra"),
+        (",".join(COLUMNS) + "\n" + ",".join(["x"] * len(COLUMNS)) + "\n", "not an attnbench"),
+        ("\x00\x01binary", "not an attnbench results CSV"),
+    ],
+)
+def test_cli_bad_csvs_exit_2_with_one_line(tmp_path, content, words):
+    good = write(tmp_path / "good.csv", [row()])
+    bad = tmp_path / "bad.csv"
+    bad.write_text(content)
+    result = runner.invoke(app, ["compare", str(bad), str(good)])
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0]
+    missing = runner.invoke(app, ["compare", str(tmp_path / "nope.csv"), str(good)])
+    assert missing.exit_code == 2 and "no such file" in missing.stderr

@@ -1,0 +1,94 @@
+"""Suite files: the shipped ones parse, and every mistake names its key and line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from attnbench.errors import AttnbenchError
+from attnbench.suites import speed_suite
+from attnbench.suites.speed_suite import load_suite
+from attnbench.suites.suitefile import PACKAGED_SUITES, REPO_SUITES, Lines, find_suite
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_shipped_suites_parse_and_the_packaged_copies_match():
+    names = sorted(p.name for p in REPO_SUITES.glob("*.toml"))
+    assert {"speed.toml", "ci.toml", "speed-gpu.toml"} <= set(names)
+    assert sorted(p.name for p in PACKAGED_SUITES.glob("*.toml")) == names
+    for name in names:
+        assert (REPO_SUITES / name).read_bytes() == (PACKAGED_SUITES / name).read_bytes(), (
+            f"attnbench/data/suites/{name} differs from suites/{name}: copy it over"
+        )
+        suite = load_suite(str(REPO_SUITES / name))
+        assert suite.name == name.removesuffix(".toml")
+    assert find_suite("speed") == REPO_SUITES / "speed.toml"
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("[grid]\nlengths = [256,\n", 2, ["malformed TOML"]),
+        ('name = "x"\n[grid]\nlenghts = [256]\n', 3, ["unknown key", "'lenghts'", "'lengths'"]),
+        ("[grid]\n\nlengths = [0, 256]\n", 3, ["lengths = [0, 256]", "integers >= 1"]),
+        ("[grid]\ncausal = true\n", 2, ["causal = True", "a non-empty list of true/false"]),
+        ('[grid]\nmechanisms = ["sofmax"]\n', 2, ["unknown mechanism 'sofmax'", "softmax"]),
+        ('[grid]\nmechanisms = ["softmax:fast"]\n', 2, ["no path 'fast'"]),
+        ("[timing]\nrounds = 2\nmin_rounds = 3\n", 3, ["min_rounds = 3 exceeds rounds = 2"]),
+        ("[limits]\nmax_len = { refrence = 512 }\n", 2, ["max_len", "path kinds"]),
+        ("[speed]\nx = 1\n", 1, ["unknown key", "'speed'"]),
+        ('[params.softmax-logn]\nbase = "x"\n', 1, ["base", "a number > 1, or e"]),
+        ("[params.nope]\nk = 1\n", 1, ["unknown mechanism 'nope'"]),
+        ("[shape]\nhidden = 100\nhead_dims = [64]\n", 2, ["not divisible by head_dim 64"]),
+    ],
+)
+def test_suite_errors_name_the_key_and_line(tmp_path, text, line, words):
+    path = write(tmp_path, text)
+    with pytest.raises(AttnbenchError) as info:
+        load_suite(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert f"line {line}" in message, message
+    for word in words:
+        assert word in message, message
+
+
+def test_lines_finds_dotted_inline_and_table_keys():
+    lines = Lines("a = 1\n[t]\nb.c = 2\nd = { e = 3, f = 4 }\n[[arr]]\ng = 5\n")
+    assert lines.line(("a",)) == 1
+    assert lines.line(("t", "b", "c")) == 3
+    assert lines.line(("t", "d", "f")) == 4
+    assert lines.line(("t", "zzz")) == 2  # falls back to the enclosing table
+    assert lines.line(("arr", "g")) == 6
+
+
+def test_missing_suite_names_are_errors():
+    with pytest.raises(AttnbenchError, match="unknown suite 'sped'.*did you mean 'speed'"):
+        find_suite("sped")
+    with pytest.raises(AttnbenchError, match="does not exist"):
+        find_suite("no/such/file.toml")
+
+
+def test_readme_documents_every_suite_key():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Speed suite files") :]
+    for table, schema in (
+        ("", speed_suite.TOP),
+        ("grid", speed_suite.GRID),
+        ("shape", speed_suite.SHAPE),
+        ("limits", speed_suite.LIMITS),
+        ("timing", speed_suite.TIMING),
+    ):
+        for key in schema:
+            if table == "" and key in ("grid", "shape", "limits", "timing", "params"):
+                continue
+            assert re.search(rf"`{re.escape(key)}`", section), f"README lacks [{table}] {key}"
