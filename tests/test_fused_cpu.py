@@ -130,8 +130,8 @@ def test_flex_fused_wires_a_sparse_mechanism_in_one_line():
     )
     assert mech.path("flex").kind == "fused"
     x = make_qkv(1, 2, 21, 16, 16, torch.float32, seed=11)
-    with torch.no_grad():
-        fast = attention(mech, **x, causal=True, path="flex", w=2)
+    with torch.no_grad():  # the registry path needs CUDA; its function runs eagerly here
+        fast = mech.path("flex").fn(**x, causal=True, w=2)
         ref = attention(mech, **x, causal=True, path="reference", w=2)
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-6)
 
@@ -162,12 +162,23 @@ def test_logn_flex_path_matches_reference_forward(causal):
 
 def test_flex_backward_on_cpu_says_why():
     q = torch.randn(1, 2, 5, 8, requires_grad=True)
+    logn = registry.get("softmax-logn").path("flex").fn
     with pytest.raises(AttnbenchError, match="no backward on CPU"):
-        attention("softmax-logn", q, q, q, path="flex")
+        logn(q, q, q, causal=False, base=512.0, clip=False, min_n=1)
     with pytest.raises(AttnbenchError, match="no backward on CPU"):
         flex.flex_path(window_rule)(q, q, q, causal=False, w=1)
     with torch.no_grad():
-        assert attention("softmax-logn", q, q, q, path="flex").shape == (1, 2, 5, 8)
+        assert logn(q, q, q, causal=False, base=512.0, clip=False, min_n=1).shape == (1, 2, 5, 8)
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")
+def test_flex_registry_path_needs_cuda():
+    """The registry's flex paths need CUDA: on a CPU flex is eager, forward only and O(n^2), a
+    correctness check (the path function, called directly above), not a path to time or train."""
+    q = torch.randn(1, 2, 5, 8)
+    with pytest.raises(AttnbenchError, match="needs CUDA") as info:
+        attention("softmax-logn", q, q, q, path="flex")
+    assert "paths that can: reference, efficient" in str(info.value)
 
 
 # --------------------------------------------------------------------------------------------

@@ -50,33 +50,62 @@ def assert_ok(verdicts) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+#: Non-default parameters the registry loop also runs, on EXTRA_GRID, so that each fused path's
+#: handling of its mechanism's parameters is checked on the GPU (sparser patterns than the
+#: defaults at these lengths, the other normalisations, FLASH's chunk). A set a path refuses
+#: (FLASH's causal chunk 100) is skipped with the path's reason.
+EXTRA_PARAMS: dict[str, list[dict]] = {
+    "local": [{"window": 100}],
+    "atrous": [{"r": 5}],
+    "sparse": [{"window": 33, "r": 50}],
+    "strided": [{"s": 30}],
+    "fixed": [{"s": 48, "c": 5}],
+    "bigbird": [{"block": 32, "random_blocks": 2, "seed": 7}],
+    "longnet": [{"segments": "64:1,128:2,256:4"}],
+    "gau": [{"norm": "n2"}],
+    "flash": [{"chunk": 64, "norm": "n2"}, {"chunk": 100}],
+    "linear": [{"feature_map": "relu", "normalize": False}],
+    "retention": [{"normalize": "rownorm"}],
+}
+EXTRA_GRID = [(97, 64), (1023, 128)]
+
+
 def registry_cases() -> list:
     cases = []
     for mech in registry.MECHANISMS:
         for path in mech.paths:
             if path.kind != "fused":
                 continue
+            runs = [({}, GRID)] + [(p, EXTRA_GRID) for p in EXTRA_PARAMS.get(mech.name, [])]
             for causal in [c for c, ok in ((False, mech.bidirectional), (True, mech.causal)) if ok]:
-                for t, d in GRID:
-                    tag = f"{mech.name}:{path.name}-{'causal' if causal else 'bidir'}-T{t}-D{d}"
-                    cases.append(pytest.param(mech, path, causal, t, d, id=tag))
+                for overrides, grid in runs:
+                    label = "".join(f"-{k}={v}" for k, v in overrides.items())
+                    for t, d in grid:
+                        direction = "causal" if causal else "bidir"
+                        tag = f"{mech.name}:{path.name}{label}-{direction}-T{t}-D{d}"
+                        cases.append(pytest.param(mech, path, overrides, causal, t, d, id=tag))
     return cases
 
 
+def test_extra_params_name_registered_fused_mechanisms():
+    fused = {m.name for m in registry.MECHANISMS if any(p.kind == "fused" for p in m.paths)}
+    assert set(EXTRA_PARAMS) <= fused
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("mech", "path", "causal", "t", "d"), registry_cases())
-def test_registry_fused_path(mech, path, causal, t, d, dtype):
+@pytest.mark.parametrize(("mech", "path", "overrides", "causal", "t", "d"), registry_cases())
+def test_registry_fused_path(mech, path, overrides, causal, t, d, dtype):
     reason = path.unavailable("cuda", mech.backward)
     if reason:
         pytest.skip(reason)
-    params = mech.defaults
+    params = mech.resolve(overrides)
     shape = mech.shape_for(Shape(2, 4, t, d), params)
     inputs = make_inputs(mech, shape, params, dtype=dtype, device="cuda", seed=t)
     try:
         verdicts = compare_paths(
             path.fn, mech.reference.fn, inputs, {"causal": causal, **params}, backward=mech.backward
         )
-    except AttnbenchError as e:  # e.g. an SDPA backend this GPU / dtype / head dim lacks
+    except AttnbenchError as e:  # an SDPA backend this GPU / dtype / head dim lacks; a refusal
         pytest.skip(str(e))
     assert_ok(verdicts)
 

@@ -16,7 +16,13 @@ from attnbench.inputs import make_inputs
 from attnbench.spec import Shape
 from attnbench.testing import compare_paths
 
-DTYPES = {"float64": torch.float64, "float32": torch.float32}
+DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+DEVICES = ("cpu", "cuda")
 
 
 def check(
@@ -32,11 +38,15 @@ def check(
     heads: Annotated[int, typer.Option(help="Query heads.", min=1)] = 4,
     head_dim: Annotated[int, typer.Option(help="Head dimension.", min=1)] = 32,
     causal: Annotated[bool, typer.Option("--causal/--no-causal", help="Causal masking.")] = False,
-    dtype: Annotated[str, typer.Option(help="float32 or float64.")] = "float32",
+    dtype: Annotated[
+        str, typer.Option(help="float64, float32, float16 or bfloat16 (the last two: GPU paths).")
+    ] = "float32",
+    device: Annotated[str, typer.Option(help="cpu or cuda (fused paths need cuda).")] = "cpu",
     seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
 ) -> None:
     """Check every faster path of a mechanism against its dense reference (outputs and
-    gradients), with flash-attention's tolerance rule. Exit code 1 if a path fails.
+    gradients), with flash-attention's tolerance rule. Exit code 1 if a path fails. Paths that
+    cannot run on this machine are shown as skipped; one asked for with --path is an error.
 
     Example: [bold]attnbench check softmax-logn --param base=e --causal --n 257[/bold]
     """
@@ -44,30 +54,44 @@ def check(
     params = mech.resolve(parse_params(param))
     if dtype not in DTYPES:
         raise AttnbenchError(f"unknown dtype {dtype!r}; accepted: {', '.join(DTYPES)}")
+    if device not in DEVICES:
+        raise AttnbenchError(f"unknown device {device!r}; accepted: {', '.join(DEVICES)}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise AttnbenchError("--device cuda: no CUDA GPU is visible to torch; use --device cpu")
     if causal and not mech.causal:
         raise AttnbenchError(f"{mech.name} has no causal form; drop --causal")
     if not causal and not mech.bidirectional:
         raise AttnbenchError(f"{mech.name} is causal only; add --causal")
+    # A path asked for by name must run here (else one line, exit 2); without --path, paths that
+    # cannot run here are listed as skipped, with the reason.
     paths = (
-        [mech.path(p) for p in path] if path else [p for p in mech.paths if p.kind != "reference"]
+        [mech.select_path(p, device, mech.backward) for p in path]
+        if path
+        else [p for p in mech.paths if p.kind != "reference"]
     )
     shape = mech.shape_for(Shape(batch, heads, n, head_dim), params)
-    inputs = make_inputs(mech, shape, params, dtype=DTYPES[dtype], seed=seed)
+    inputs = make_inputs(mech, shape, params, dtype=DTYPES[dtype], device=device, seed=seed)
     check_tensors(mech, inputs["q"], inputs["k"], inputs["v"])
-    table = Table(
-        title=f"{mech.name} {shape.tag()} {'causal' if causal else 'bidirectional'} {dtype}"
-    )
+    direction = "causal" if causal else "bidirectional"
+    table = Table(title=f"{mech.name} {shape.tag()} {direction} {dtype} {device}")
     for col in ("path", "tensor", "error", "allowed", "naive baseline", "verdict"):
         table.add_column(col)
     failed = 0
+    kwargs = {"causal": causal, **params}
     for p in paths:
-        reason = p.unavailable("cpu", mech.backward)
+        reason = p.unavailable(device, mech.backward)
         if reason:
             table.add_row(p.name, "-", "-", "-", "-", f"[yellow]skipped: {reason}[/yellow]")
             continue
-        verdicts = compare_paths(
-            p.fn, mech.reference.fn, inputs, {"causal": causal, **params}, backward=mech.backward
-        )
+        try:
+            verdicts = compare_paths(
+                p.fn, mech.reference.fn, inputs, kwargs, backward=mech.backward
+            )
+        except AttnbenchError as e:  # the path refuses these params / this call
+            if path:  # asked for by name: one line, exit 2
+                raise
+            table.add_row(p.name, "-", "-", "-", "-", f"[yellow]skipped: {e}[/yellow]")
+            continue
         for v in verdicts:
             failed += not v.ok
             table.add_row(

@@ -10,7 +10,13 @@ leaves empty are skipped, so a sliding window of w keys costs O(n w), not O(n^2)
   reused.
 * CPU: eager ``flex_attention``, forward only (torch has no CPU backward for it; it materialises
   the score matrix, so it is a correctness check, not a fast path). Asking for gradients on the
-  CPU raises AttnbenchError.
+  CPU raises AttnbenchError. The registry paths (:func:`flex_fused`) therefore need CUDA; the
+  CPU tests call their path functions directly.
+
+A rule used here is traced by dynamo (even eager flex traces its mask_mod): it must be a pure
+tensor expression of (i, j) that does not branch on tensor values or call ``.item()``. Lookup
+tables it needs (BigBird's random blocks) must already be on i's device; :func:`warm_rule` calls
+the rule once eagerly first, so a rule can build and cache them there.
 
 Must equal: the mechanism's dense reference (softmax over scores with the pattern's masked pairs at
 -inf, and the same score modification). Layout: q ``[B, H, T, D]``, k ``[B, Hkv, T, D]``,
@@ -28,8 +34,8 @@ import torch
 from torch import Tensor
 
 from attnbench.errors import AttnbenchError
-from attnbench.requirements import FLEX
-from attnbench.spec import Path
+from attnbench.requirements import CUDA, FLEX
+from attnbench.spec import Path, Requirement
 
 #: ``visible(i, j, n, causal, params) -> bool tensor`` (see ``Mechanism.visible``).
 VisibleRule = Callable[..., Tensor]
@@ -93,6 +99,20 @@ def mask_mod_for(
     return mask_mod
 
 
+def warm_rule(
+    visible: VisibleRule, n: int, causal: bool, params: Mapping[str, Any], device: torch.device
+) -> None:
+    """Call the rule once eagerly, on ``device``, before anything traces it.
+
+    torch.compile (and eager flex, which still traces the mask_mod through dynamo) cannot run
+    everything a rule may do on its first call, e.g. draw BigBird's random blocks with a seeded
+    ``torch.Generator``. A rule that keeps such lookup tables in a cache keyed by
+    (n, params, device) builds them here; inside the traced region it then only reads them.
+    """
+    at = torch.zeros(1, 1, dtype=torch.int64, device=device)  # (1, 1) query 0, key 0
+    visible(at, at, n, causal, params)
+
+
 def block_mask_for(
     visible: VisibleRule | None,
     n: int,
@@ -110,6 +130,8 @@ def block_mask_for(
         mask_mod = mask_mod_for(visible, n, causal, params)
         if mask_mod is None:
             return None
+        if visible is not None:
+            warm_rule(visible, n, causal, params, device)
         # On CUDA the mask is evaluated block by block under compile: no n x n tensor.
         return create_block_mask(
             mask_mod, None, None, n, n, device=device, _compile=device.type == "cuda"
@@ -227,15 +249,21 @@ def flex_fused(
     enable_gqa: bool = False,
     name: str = "flex",
     note: str = "",
+    requires: tuple[Requirement, ...] = (CUDA, FLEX),
 ) -> Path:
     """The registry entry of a FlexAttention path: ``Path(name, "fused", flex_path(...))`` that
-    needs FlexAttention (forward only on the CPU). The one-line wiring for a sparse mechanism:
-    ``flex_fused(visible)``; with a score modification: ``flex_fused(visible, builder)``."""
+    needs CUDA and FlexAttention. The one-line wiring for a sparse mechanism:
+    ``flex_fused(visible)``; with a score modification: ``flex_fused(visible, builder)``.
+
+    The registry path needs CUDA: on a CPU flex runs eagerly, forward only, with the full score
+    matrix, which is a correctness check (the tests call the path function directly), not a path
+    to time or train with.
+    """
     return Path(
         name,
         "fused",
         flex_path(visible, score_mod, enable_gqa=enable_gqa, name=name),
-        memory="O(n) + BlockMask (compiled, CUDA); CPU: eager, forward only, O(n^2)",
-        requires=(FLEX,),
+        memory="O(n) + BlockMask O((n/128)^2) (compiled flex kernel, CUDA)",
+        requires=requires,
         note=note or "FlexAttention, cached BlockMask; compiled on CUDA",
     )

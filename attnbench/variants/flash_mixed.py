@@ -25,7 +25,9 @@ chunks, the two parts added as in FLASH. Its layer projects q, k, v, q_lin, k_li
 Paths: ``reference`` builds the T x T matrix of both parts with the counts above read off the
 masks. ``efficient`` computes the local part per chunk (O(T·c) memory) and the global part from
 per-chunk states k_linᵀ v (the causal one keeps (T/c)·s·e numbers, the seed's b(n/c)se), never a
-T x T tensor; the state sums run in float32 for half inputs.
+T x T tensor; the state sums run in float32 for half inputs. ``triton`` (fused, CUDA): the Triton
+relu² kernel restricted to chunks for the local part and the chunkwise kernel for the causal
+global part (:func:`flash_triton`); causal calls need a chunk that is a power of two >= 16.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench.errors import AttnbenchError
+from attnbench.kernels import triton_ops
 from attnbench.spec import ExtraInput, Mechanism, Param, Path, Shape, positive_int
 from attnbench.variants.gau import NORMS, sdpa_any_width
 
@@ -213,6 +217,57 @@ def mc_efficient(
 
 
 # --------------------------------------------------------------------------------------------
+# Fused: Triton kernels for both parts (attnbench/kernels/triton_*.py)
+# --------------------------------------------------------------------------------------------
+
+
+def triton_global_refuses(chunk: int) -> str | None:
+    """Why the causal global-part kernel cannot take this chunk (None when it can): the chunk is
+    the kernel's tile, so it must be a power of two >= 16."""
+    if chunk < 16 or chunk & (chunk - 1):
+        return (
+            f"the Triton FLASH kernel takes a causal chunk that is a power of two >= 16 "
+            f"(got chunk={chunk}); use the efficient path"
+        )
+    return None
+
+
+def flash_triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    chunk: int,
+    norm: str,
+    s: int,
+    expansion: int,
+    q_lin: Tensor,
+    k_lin: Tensor,
+) -> Tensor:
+    """FLASH on Triton kernels. Local part: the relu² kernel restricted to chunks, row i divided
+    by m_i s (or m_i²) with m_i the keys it sees in its chunk, partial last chunk included
+    (:func:`attnbench.kernels.triton_ops.gau_relu2` with ``chunk``). Global part, causal: the
+    chunkwise kernel over whole earlier chunks only, / (g c); bidirectional: two fp32 matmuls,
+    q_lin (k_linᵀ v) / T. q, k, q_lin, k_lin ``[B, H, T, s]``, v ``[B, H, T, e]`` -> ``[B, H, T,
+    e]``; any e (v is split into slices of at most 128 for the global kernel).
+    """
+    if causal and (why := triton_global_refuses(chunk)):
+        raise AttnbenchError(why)
+    local = triton_ops.gau_relu2(q, k, v, causal=causal, norm=norm, chunk=chunk)  # (B, H, T, e)
+    if not causal:
+        T = q.shape[-2]
+        state = k_lin.float().transpose(-2, -1) @ v.float() / T  # (B, H, s, e), fp32
+        return local + (q_lin.float() @ state).to(local.dtype)  # (B, H, T, e)
+    width = triton_ops.MAX_HEAD_DIM
+    glob = [
+        triton_ops.flash_global_chunked(q_lin, k_lin, v[..., i : i + width], chunk=chunk)
+        for i in range(0, v.shape[-1], width)
+    ]  # each (B, H, T, <= 128)
+    return local + torch.cat(glob, dim=-1)  # (B, H, T, e)
+
+
+# --------------------------------------------------------------------------------------------
 # Counts and records
 # --------------------------------------------------------------------------------------------
 
@@ -294,6 +349,11 @@ FLASH = Mechanism(
             flash_efficient,
             memory="O(n c + (n/c) s e)",
             note="c x c blocks per chunk + exclusive prefix sum of chunk states",
+        ),
+        triton_ops.fused_path(
+            flash_triton,
+            memory="O(n (s + e)) (scores recomputed in the backward, no chunk states stored)",
+            note="Triton relu² kernel in chunks + chunkwise global kernel (causal chunk 2^k>=16)",
         ),
     ),
     adapt_shape=lambda shape, params: replace(

@@ -23,7 +23,9 @@ track, so nothing but q, k, v is saved: O(T · tile) memory); the row weight is 
 √w_i (relu²(x)·w = relu²(x·√w) for w > 0), which also keeps relu² far from the fp16 overflow at
 65504 (see ``overflow_bound``). For the softmax scorings: SDPA with the row scale folded into q;
 when the value width differs from s, q and k are zero-padded to it (dot products unchanged), since
-the CPU flash kernel needs equal widths and otherwise falls back to an n x n kernel.
+the CPU flash kernel needs equal widths and otherwise falls back to an n x n kernel. ``triton``
+(fused, CUDA): the Triton relu² kernels of :mod:`attnbench.kernels.triton_gau`, forward and
+backward, scoring=relu2 only (the softmax scorings are refused with a pointer to ``efficient``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench.kernels.triton_ops import gau_path
 from attnbench.spec import Mechanism, Param, Path, Shape, positive_int
 from attnbench.variants.dense import causal_mask, softmax_attention
 
@@ -184,6 +187,27 @@ def efficient(
 
 
 # --------------------------------------------------------------------------------------------
+# Fused: the Triton relu² kernels (attnbench/kernels/triton_gau.py)
+# --------------------------------------------------------------------------------------------
+
+
+def triton_refuses(params: Mapping[str, Any]) -> str | None:
+    """Why the Triton relu² kernel does not compute these params (None when it does)."""
+    if params["scoring"] != "relu2":
+        return (
+            f"scoring={params['scoring']}: the kernel computes relu2 only; "
+            "the efficient path runs the softmax scorings on SDPA's fused kernels"
+        )
+    return None
+
+
+#: relu²(Q Kᵀ) · w_i with w_i = 1/(n_i s) (``ns``) or 1/n_i² (``n2``), n_i = T or i + 1, s = q's
+#: head dim: exactly :func:`reference` for scoring=relu2 (``tile`` does not apply: the kernel
+#: has its own tiles).
+TRITON = gau_path(norm=lambda params: params["norm"], refuse=triton_refuses)
+
+
+# --------------------------------------------------------------------------------------------
 # Numerics, FLOPs, the record
 # --------------------------------------------------------------------------------------------
 
@@ -257,6 +281,7 @@ MECHANISM = Mechanism(
             memory="O(n * tile) relu2; O(n) softmax (SDPA flash kernel)",
             note="relu2: query-tiled autograd Function recomputing in backward; softmax: SDPA",
         ),
+        TRITON,
     ),
     adapt_shape=value_shape,
     flops=flops,

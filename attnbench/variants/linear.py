@@ -8,7 +8,7 @@ with Katharopoulos' eps = 1e-6 added to the denominator; ``normalize=False`` ret
 sum (as fla's linear attention does with its normaliser off). No 1/sqrt(d) scale: with the
 normaliser it would cancel.
 
-Paths (all three compute the same function):
+Paths (all compute the same function):
 
 * ``reference``: dense ``(phi(Q) phi(K)^T, zeroed above the diagonal when causal) V``, T x T.
 * ``chunkwise`` (default): bidirectional, ``phi(K)^T V`` once (O(T d^2)). Causal, chunks of
@@ -18,6 +18,8 @@ Paths (all three compute the same function):
 * ``recurrent``: the RNN view, a Python loop over positions, ``S_t = S_{t-1} + phi(K_t)^T V_t``,
   ``O_t = phi(Q_t) S_t`` (bidirectional: every query reads the final state). O(d^2) state;
   autograd keeps one state per step for backward.
+* ``triton`` (fused, CUDA): causal, the Triton chunkwise kernel of
+  :mod:`attnbench.kernels.triton_retention` with gamma = 1; bidirectional, float32 matmuls.
 
 The normaliser rides along as an extra column of ones appended to V in the efficient paths
 (``phi(K)^T [V, 1]`` carries sum phi(K) in its last column).
@@ -38,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench.kernels import triton_ops
 from attnbench.spec import Mechanism, Param, Path, Shape, positive_int
 
 FEATURE_MAPS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -140,6 +143,41 @@ def recurrent(
     return _finish(out, normalize, eps)
 
 
+def triton(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    feature_map: str,
+    normalize: bool,
+    eps: float,
+    chunk: int,
+) -> Tensor:
+    """Causal: the sum by the Triton chunkwise kernel (gamma = 1) on phi(Q), phi(K); the
+    normaliser phi(Q_t) . cumsum_t phi(K) in float32 (O(T d); it grows like T d and passes
+    float16's 65504 near T = 1000 at d = 64). Bidirectional: phi(Q) (phi(K)^T V) and
+    phi(Q) . sum phi(K) as float32 matmuls (already optimal, nothing to fuse). ``chunk`` does not
+    apply (the kernel has its own tile). q, k: [B, H, T, D], v: [B, H, T, Dv] (D, Dv <= 128) ->
+    [B, H, T, Dv].
+    """
+    triton_ops.check_call("linear attention", q, k, v, max_v=triton_ops.MAX_HEAD_DIM)
+    fq, fk = phi(q, feature_map), phi(k, feature_map)  # (B, H, T, D)
+    if causal:
+        num = triton_ops.retention_chunked(fq, fk, v, 1.0)  # (B, H, T, Dv)
+        if not normalize:
+            return num
+        z = fk.float().cumsum(-2)  # (B, H, T, D): sum_{s <= t} phi(k_s)
+    else:
+        state = fk.float().transpose(-2, -1) @ v.float()  # (B, H, D, Dv)
+        num = fq.float() @ state  # (B, H, T, Dv)
+        if not normalize:
+            return num.to(v.dtype)
+        z = fk.float().sum(-2, keepdim=True)  # (B, H, 1, D)
+    den = (fq.float() * z).sum(-1, keepdim=True)  # (B, H, T, 1)
+    return (num.float() / (den + eps)).to(v.dtype)
+
+
 def flops(shape: Shape, causal: bool, params: Mapping[str, Any]) -> int:
     """Matrix-product FLOPs of the chunkwise path (see the module docstring)."""
     t, d = shape.seq_len, shape.head_dim
@@ -199,6 +237,11 @@ MECHANISM = Mechanism(
             recurrent,
             memory="O(d^2) state; O(n d^2) kept for backward",
             note="Python loop over positions: the RNN form, slow",
+        ),
+        triton_ops.fused_path(
+            triton,
+            memory="O(n d) (no per-chunk states stored)",
+            note="causal: Triton chunkwise kernel, fp32 normaliser; bidirectional: matmuls",
         ),
     ),
     check_params=_check,

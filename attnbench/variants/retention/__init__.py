@@ -2,7 +2,8 @@
 
 Three forms of one function, each a path: ``parallel`` (the dense reference, (Q K^T * D) V),
 ``chunkwise`` (the default: parallel inside chunks, recurrent across) and ``recurrent`` (one
-position at a time). Multi-scale decays gamma_h = 1 - 2^(-5 - h) per head; Q K^T is scaled by
+position at a time), plus ``triton`` (fused, CUDA: the Triton chunkwise kernel, both
+normalisations). Multi-scale decays gamma_h = 1 - 2^(-5 - h) per head; Q K^T is scaled by
 1/sqrt(d) in every form, as both torchscale and fla do.
 
 ``normalize`` names where the implementations people use differ (FIELD-NOTES):
@@ -30,9 +31,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from attnbench.kernels.triton_ops import fused_path
 from attnbench.spec import Mechanism, Param, Path, Shape, positive_int
 from attnbench.variants.retention.chunkwise import chunkwise
 from attnbench.variants.retention.decay import NORMALIZATIONS
+from attnbench.variants.retention.fused import triton
 from attnbench.variants.retention.layer import MultiScaleRetention
 from attnbench.variants.retention.parallel import parallel
 from attnbench.variants.retention.recurrent import recurrent
@@ -78,6 +81,11 @@ MECHANISM = Mechanism(
             recurrent,
             memory="O(d^2) state; O(n d^2) kept for backward",
             note="Python loop over positions: the decoding form, slow",
+        ),
+        fused_path(
+            triton,
+            memory="O(n d) (no per-chunk states stored)",
+            note="Triton chunkwise kernel; rownorm's score sums by the same kernel in fp32",
         ),
     ),
     bidirectional=False,

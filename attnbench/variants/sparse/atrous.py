@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench.kernels.flex import flex_fused
 from attnbench.spec import Mechanism, Path, positive_int
 from attnbench.variants.sparse.common import masked_reference, residue_count
 from attnbench.variants.sparse.engine import Part, Residue, attend
@@ -61,6 +62,7 @@ MECHANISM = Mechanism(
             memory="O(n^2 / r)",
             note="dense attention within residue classes mod r (a transposed view)",
         ),
+        flex_fused(visible, note="FlexAttention; r < 256 leaves no 128-block empty: dense work"),
     ),
     visible=visible,
     pair_count=pair_count,

@@ -25,13 +25,13 @@ keys. Each part's ``keep`` rule excludes what an earlier part holds.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from attnbench.kernels.flex import flex_fused
 from attnbench.spec import Mechanism, Param, Path, positive_int
 from attnbench.variants.sparse.common import masked_reference
 from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part, attend, ceil_div
@@ -43,8 +43,7 @@ def _floor(x: Tensor, b: int) -> Tensor:
     return torch.div(x, b, rounding_mode="floor")
 
 
-@functools.lru_cache(maxsize=64)
-def _table(
+def _draw(
     n: int, causal: bool, block: int, window_blocks: int, global_blocks: int, random_blocks: int,
     seed: int,
 ) -> Tensor:  # fmt: skip
@@ -65,10 +64,27 @@ def _table(
     return chosen.sort(dim=1).values
 
 
-def random_table(n: int, causal: bool, params: Mapping[str, Any]) -> Tensor:
+#: Drawn tables, per (n, causal, params, device); a plain dict, not lru_cache, so that a traced
+#: rule (FlexAttention's mask_mod under dynamo) reads a table already on its device instead of
+#: tracing the seeded draw (see attnbench.kernels.flex.warm_rule).
+_TABLES: dict[tuple, Tensor] = {}
+TABLE_CACHE = 64
+
+
+def random_table(
+    n: int, causal: bool, params: Mapping[str, Any], device: torch.device | str = "cpu"
+) -> Tensor:
     """The random key blocks of each query block, long ``[n_blocks, random_blocks']`` (-1 =
-    none), reproducible from ``seed``."""
-    return _table(n, causal, *(int(params[key]) for key in KEYS))
+    none) on ``device``, reproducible from ``seed`` (drawn on the CPU, once per key)."""
+    device = torch.device(device)
+    key = (n, causal, *(int(params[name]) for name in KEYS), device)
+    table = _TABLES.get(key)
+    if table is None:
+        table = _draw(n, causal, *key[2:-1]).to(device)
+        if len(_TABLES) >= TABLE_CACHE:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[key] = table
+    return table
 
 
 def _parts_of_rule(i: Tensor, j: Tensor, n: int, causal: bool, params: Mapping[str, Any]):
@@ -79,7 +95,7 @@ def _parts_of_rule(i: Tensor, j: Tensor, n: int, causal: bool, params: Mapping[s
     window = (qb - kb).abs() <= half
     global_key = (kb < g) | (kb >= nb - g)
     global_query = (qb < g) | (qb >= nb - g)
-    table = random_table(n, causal, params).to(i.device)
+    table = random_table(n, causal, params, i.device)  # (nb, random), on i's device
     row = qb.clamp(0, nb - 1)
     random = torch.zeros((), dtype=torch.bool, device=i.device)
     for t in range(table.shape[1]):
@@ -163,7 +179,7 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **params: Any) -
     global_pos = pos[(pos // block < g) | (pos // block >= nb - g)][None]  # (1, globals)
     if global_pos.numel():
         parts.append(Part(Full(n), Indexed(n, global_pos), keep=outside_window))
-    table = random_table(n, causal, params).to(device)  # (nb, random)
+    table = random_table(n, causal, params, device)  # (nb, random)
     if (table >= 0).any():
         keys = _random_keys(table, block, b, n)  # (nb, random * b)
         parts.append(Part(Blocks(n, b), Indexed(n, keys), keep=new_random))
@@ -203,6 +219,7 @@ MECHANISM = Mechanism(
             memory="O(n * block * (window + 2 globals + random))",
             note="band + global columns + gathered random blocks + global rows, lse-merged",
         ),
+        flex_fused(visible, note="FlexAttention, window ∪ global ∪ random blocks as a BlockMask"),
     ),
     visible=visible,
     pair_count=pair_count,

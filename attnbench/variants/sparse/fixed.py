@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench.kernels.flex import flex_fused
 from attnbench.spec import Mechanism, Path, positive_int
 from attnbench.variants.sparse.common import masked_reference, rows
 from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part, attend
@@ -93,6 +94,7 @@ MECHANISM = Mechanism(
             memory="O(n * (s + n c / s))",
             note="block part + summary-column part, merged by log-sum-exp",
         ),
+        flex_fused(visible, note="FlexAttention, own block ∪ summary columns as a BlockMask"),
     ),
     visible=visible,
     pair_count=pair_count,

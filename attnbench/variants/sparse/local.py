@@ -18,6 +18,7 @@ from typing import Any
 
 from torch import Tensor
 
+from attnbench.kernels.flex import flex_fused
 from attnbench.spec import Mechanism, Path, positive_int
 from attnbench.variants.sparse.common import band_block, masked_reference, window_count
 from attnbench.variants.sparse.engine import Band, Blocks, Part, attend, ceil_div
@@ -65,6 +66,7 @@ MECHANISM = Mechanism(
             memory="O(n * window)",
             note="query blocks against strided key-block windows; chunked, custom backward",
         ),
+        flex_fused(visible, note="FlexAttention, window rule as a cached BlockMask"),
     ),
     visible=visible,
     pair_count=pair_count,

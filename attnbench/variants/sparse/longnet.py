@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench.kernels.flex import ScoreMod, flex_fused
 from attnbench.spec import Mechanism, Param, Path, Shape
 from attnbench.variants.dense import softmax_attention
 from attnbench.variants.sparse.engine import Dilated, Part, attend
@@ -180,6 +181,19 @@ def dilated(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, segments: Any) -> 
     return attend(q, k, v, parts, lambda i, j: torch.ones((), dtype=torch.bool, device=i.device))
 
 
+def log_multiplicity(n: int, causal: bool, params: Mapping[str, Any]) -> ScoreMod:
+    """FlexAttention score_mod adding log m_ij, m_ij = the branches covering (i, j): with
+    ``visible`` as the mask, softmax_j(s_ij + log m_ij) is the reference's one softmax over every
+    (branch, key) copy. flex applies 1/sqrt(d) before the score_mod, as the reference does before
+    its softmax. Pairs no branch covers are masked; clamping m to 1 keeps log finite there."""
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        m = multiplicity(q_idx, kv_idx, n, causal, params)  # branches covering the pair
+        return score + torch.log(m.clamp(min=1).to(score.dtype))
+
+    return score_mod
+
+
 MECHANISM = Mechanism(
     name="longnet",
     family="sparse",
@@ -204,6 +218,9 @@ MECHANISM = Mechanism(
             dilated,
             memory="O(n * sum(w / r^2))",
             note="per branch: dense inside dilated segments (views); branches lse-merged",
+        ),
+        flex_fused(
+            visible, log_multiplicity, note="FlexAttention, union mask + log-multiplicity bias"
         ),
     ),
     visible=visible,

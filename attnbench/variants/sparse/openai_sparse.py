@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench.kernels.flex import flex_fused
 from attnbench.spec import Mechanism, Path, positive_int
 from attnbench.variants.sparse.common import band_and_residue_count, band_block, masked_reference
 from attnbench.variants.sparse.engine import Band, Blocks, Part, Residue, attend, ceil_div
@@ -81,6 +82,7 @@ MECHANISM = Mechanism(
             memory="O(n * (window + n / r))",
             note="band part + residue-class part, merged by log-sum-exp",
         ),
+        flex_fused(visible, note="FlexAttention, band ∪ residue rule as a cached BlockMask"),
     ),
     visible=visible,
     pair_count=pair_count,

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench.kernels.flex import flex_fused
 from attnbench.spec import Mechanism, Path, positive_int
 from attnbench.variants.sparse.common import band_and_residue_count, masked_reference
 from attnbench.variants.sparse.openai_sparse import band_plus_residue
@@ -60,6 +61,7 @@ MECHANISM = Mechanism(
             memory="O(n * (s + n / s))",
             note="band part + residue-class part, merged by log-sum-exp",
         ),
+        flex_fused(visible, note="FlexAttention, band ∪ residue rule as a cached BlockMask"),
     ),
     visible=visible,
     pair_count=pair_count,
