@@ -11,3 +11,6 @@ run_app = typer.Typer(
     no_args_is_help=True,
     help="Run a suite: speed and memory, length extrapolation, attention entropy.",
 )
+
+# Suites register their commands on run_app when imported (after run_app exists).
+from attnbench.cli import extrapolate as _extrapolate  # noqa: E402, F401

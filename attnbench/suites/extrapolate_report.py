@@ -1,0 +1,231 @@
+"""The extrapolation suite's outputs: tidy CSV, summary table (mean +- std over seeds), figure.
+
+The seed's published rows (seed 003: RoFormer small, trained at 64, its own data) are printed
+beside ours, labelled as the seed's; their numbers are not comparable in level (other data,
+tokenizer and model), only in shape.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from rich.table import Table
+
+#: Seed 003's table: MLM accuracy (%) of RoFormer small trained at n = 64.
+PUBLISHED: dict[str, dict[int, float]] = {
+    "seed 003: Attention-O": {64: 43.27, 128: 36.53, 256: 23.02, 512: 15.12, 1024: 11.54},
+    "seed 003: Attention-E": {64: 43.11, 128: 41.17, 256: 34.04, 512: 20.15, 1024: 13.58},
+}
+
+BASE_COLUMNS = [
+    "variant",
+    "kind",
+    "applied_to",
+    "mechanism",
+    "path",
+    "params",
+    "note",
+    "seed",
+    "train_len",
+    "eval_len",
+    "accuracy",
+    "loss",
+    "masked_tokens",
+    "windows",
+    "eval_tokens",
+]
+TAIL_COLUMNS = ["train_time_s", "train_steps", "eval_time_s", "status", "reason"]
+
+
+def columns(layers: int) -> list[str]:
+    return BASE_COLUMNS + [f"entropy_l{i}" for i in range(layers)] + TAIL_COLUMNS
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: Path, layers: int) -> None:
+    cols = columns(layers)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=cols, extrasaction="raise")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: _cell(row.get(c)) for c in cols})
+    tmp.replace(path)
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "" if math.isnan(value) else round(value, 6)
+    return value
+
+
+def summarise(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Mean, std (over seeds, ddof 1) and seed count of accuracy per (variant, kind, eval_len),
+    in the order the variants first appear; failed cells count in ``failed``."""
+    df = pd.DataFrame(rows)
+    order = list(dict.fromkeys(df["variant"]))
+    ok = df[df["status"] == "ok"]
+    agg = (
+        ok.groupby(["variant", "kind", "eval_len"], sort=False)["accuracy"]
+        .agg(["mean", "std", "count"])
+        .reset_index()
+    )
+    failed = (
+        df[df["status"] != "ok"].groupby(["variant", "eval_len"]).size().rename("failed")
+    ).reset_index()
+    agg = agg.merge(failed, on=["variant", "eval_len"], how="outer")
+    agg["failed"] = agg["failed"].fillna(0).astype(int)
+    agg["kind"] = agg["variant"].map(dict(zip(df["variant"], df["kind"], strict=False)))
+    agg["rank"] = agg["variant"].map({v: i for i, v in enumerate(order)})
+    return agg.sort_values(["rank", "eval_len"]).drop(columns="rank").reset_index(drop=True)
+
+
+def paired_difference(rows: Sequence[dict[str, Any]], base: str = "O") -> pd.DataFrame:
+    """Mean and std over seeds of (variant - base) accuracy, paired by seed and length."""
+    df = pd.DataFrame(rows)
+    df = df[df["status"] == "ok"]
+    ref = df[df["variant"] == base][["seed", "eval_len", "accuracy"]].rename(
+        columns={"accuracy": "ref"}
+    )
+    joined = df.merge(ref, on=["seed", "eval_len"])
+    joined["diff"] = joined["accuracy"] - joined["ref"]
+    order = {v: i for i, v in enumerate(dict.fromkeys(df["variant"]))}
+    out = (
+        joined.groupby(["variant", "eval_len"], sort=False)["diff"]
+        .agg(["mean", "std", "count"])
+        .reset_index()
+    )
+    out["rank"] = out["variant"].map(order)
+    return out.sort_values(["rank", "eval_len"]).drop(columns="rank").reset_index(drop=True)
+
+
+def _fmt(mean: float, std: float, count: int) -> str:
+    if count == 0 or math.isnan(mean):
+        return "-"
+    if count == 1 or math.isnan(std):
+        return f"{mean:.2f}"
+    return f"{mean:.2f} ± {std:.2f}"
+
+
+def table_cells(summary: pd.DataFrame, lengths: Sequence[int]) -> list[tuple[str, str, list[str]]]:
+    """(variant, kind, [cell per length]) rows of the summary, then the published rows."""
+    out = []
+    for variant, group in summary.groupby("variant", sort=False):
+        by_n = {int(r.eval_len): r for r in group.itertuples()}
+        cells = []
+        for n in lengths:
+            r = by_n.get(n)
+            if r is None:
+                cells.append("-")
+            elif r.count == 0 or pd.isna(r.mean):
+                cells.append(f"failed ({int(r.failed)})")
+            else:
+                cells.append(_fmt(r.mean, r.std, int(r.count)))
+        out.append((variant, str(group["kind"].iloc[0]), cells))
+    for name, values in PUBLISHED.items():
+        out.append((name, "published", [_pub(values, n) for n in lengths]))
+    return out
+
+
+def _pub(values: dict[int, float], n: int) -> str:
+    return f"{values[n]:.2f}" if n in values else "-"
+
+
+def rich_table(summary: pd.DataFrame, lengths: Sequence[int], title: str) -> Table:
+    table = Table(title=title)
+    table.add_column("variant")
+    table.add_column("kind")
+    for n in lengths:
+        table.add_column(f"n={n}", justify="right")
+    for variant, kind, cells in table_cells(summary, lengths):
+        style = "dim" if kind == "published" else None
+        table.add_row(variant, kind, *cells, style=style)
+    return table
+
+
+def markdown_table(summary: pd.DataFrame, lengths: Sequence[int]) -> str:
+    head = "| variant | kind | " + " | ".join(f"n={n}" for n in lengths) + " |"
+    sep = "|---|---|" + "---:|" * len(lengths)
+    lines = [head, sep]
+    for variant, kind, cells in table_cells(summary, lengths):
+        lines.append(f"| {variant} | {kind} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_difference(diff: pd.DataFrame, lengths: Sequence[int], base: str = "O") -> str:
+    head = f"| variant − {base} | " + " | ".join(f"n={n}" for n in lengths) + " |"
+    lines = [head, "|---|" + "---:|" * len(lengths)]
+    for variant, group in diff.groupby("variant", sort=False):
+        if variant == base:
+            continue
+        by_n = {int(r.eval_len): r for r in group.itertuples()}
+        cells = []
+        for n in lengths:
+            r = by_n.get(n)
+            cells.append("-" if r is None else _signed(r.mean, r.std, int(r.count)))
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _signed(mean: float, std: float, count: int) -> str:
+    if count > 1 and not math.isnan(std):
+        return f"{mean:+.2f} ± {std:.2f}"
+    return f"{mean:+.2f}"
+
+
+def figure(
+    summary: pd.DataFrame, lengths: Sequence[int], train_len: int, path: Path, title: str
+) -> None:
+    """Accuracy vs evaluation length: log2 x axis, one line per variant, std error bars; eval-time
+    rows dashed, the seed's published rows dotted grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for variant, group in summary.groupby("variant", sort=False):
+        g = group.dropna(subset=["mean"]).sort_values("eval_len")
+        if g.empty:
+            continue
+        kind = group["kind"].iloc[0]
+        ax.errorbar(
+            g["eval_len"],
+            g["mean"],
+            yerr=g["std"].fillna(0.0),
+            label=f"{variant} ({kind})",
+            linestyle="-" if kind == "trained" else "--",
+            marker="o" if kind == "trained" else "s",
+            markersize=4,
+            capsize=3,
+            linewidth=2.0 if variant in ("O", "E") else 1.2,
+        )
+    for name, values in PUBLISHED.items():
+        xs = [n for n in lengths if n in values]
+        if xs:
+            ax.plot(
+                xs,
+                [values[n] for n in xs],
+                linestyle=":",
+                color="grey" if name.endswith("O") else "black",
+                marker=".",
+                label=f"{name} (published, other data)",
+            )
+    ax.axvline(train_len, color="grey", linewidth=0.8, alpha=0.6)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(lengths))
+    ax.set_xticklabels([str(n) for n in lengths])
+    ax.set_xlabel(f"evaluation length n (trained at L = {train_len})")
+    ax.set_ylabel("masked-token accuracy (%)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
