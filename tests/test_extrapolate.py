@@ -428,3 +428,40 @@ def test_short_corpus_message_counts_tokens(corpora, tmp_path):
     res = invoke("extrapolate", *TINY, "--corpus", f"{corpora}/short.txt", "--out", str(tmp_path))
     # 384 evaluated tokens are needed; the file is ~1.8 kB, so ~180 are held out.
     assert "needs 384 held-out tokens" in res.output and "has 1" in res.output
+
+
+def test_presets_load_and_the_packaged_copies_match():
+    from attnbench.suites.extrapolate_config import PACKAGED_PRESETS, REPO_PRESETS
+
+    names = sorted(p.name for p in REPO_PRESETS.glob("*.toml"))
+    assert names == ["cpu.toml", "paper.toml"]
+    assert sorted(p.name for p in PACKAGED_PRESETS.glob("*.toml")) == names
+    for name in names:
+        assert (REPO_PRESETS / name).read_bytes() == (PACKAGED_PRESETS / name).read_bytes(), name
+    cpu, paper = load_preset("cpu"), load_preset("paper")
+    assert (cpu.model.d_model, cpu.model.layers, cpu.model.heads, cpu.model.train_len) == (
+        128,
+        2,
+        2,
+        64,
+    )
+    assert (cpu.train.batch, cpu.train.steps, cpu.train.lr) == (64, 3000, 1e-3)
+    assert (paper.model.d_model, paper.model.layers, paper.model.heads) == (384, 6, 6)
+    assert cpu.eval.lengths == (64, 128, 256, 512, 1024) and cpu.run.variants == ("O", "E")
+    assert len(cpu.run.eval_time) >= 6
+
+
+SDPA_TRICKS = ["logn", "yarn-temp", "local", "ntk", "pi", "ntk+logn", "pi+local"]
+
+
+@pytest.mark.parametrize("name", SDPA_TRICKS)
+def test_trick_sdpa_path_matches_dense(name):
+    t = parse_tricks(name, 16)
+    mixer = TrickMixer(32, 2, t)
+    x = torch.randn(2, 100, 32, dtype=torch.float64)
+    mixer = mixer.double()
+    with torch.no_grad():
+        fast = mixer(x)
+        mixer.force_dense = True
+        dense = mixer(x)
+    assert torch.allclose(fast, dense, atol=1e-10, rtol=1e-9)

@@ -17,7 +17,7 @@ Preset = Annotated[
     typer.Option(
         "--preset",
         "-p",
-        help="Preset name (suites/extrapolate-NAME.toml: cpu, paper) or a TOML file.",
+        help="Preset name (suites/extrapolate/NAME.toml: cpu, paper) or a TOML file.",
     ),
 ]
 

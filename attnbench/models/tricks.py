@@ -18,8 +18,10 @@ rerope   relative positions clipped to +-w (w = rerope_window, L/2 by default): 
          needs the scores with and without rotation, so it is dense and evaluation-only
 ======== ====================================================================================
 
-Tricks compose with ``+`` (``ntk+logn``), except ``chunk``, which stands alone. Everything here
-builds the n x n score matrix: it is an evaluation tool, not a training path.
+Tricks compose with ``+`` (``ntk+logn``), except ``chunk``, which stands alone. The dense path
+spells everything out (and feeds the entropy probe); the same computation through SDPA, with the
+row scale folded into q and the window as a boolean mask, evaluates the rest of the windows
+faster. ReRoPE is dense only. An evaluation tool, not a training path.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.errors import AttnbenchError, unknown
@@ -131,6 +134,8 @@ class TrickMixer(nn.Module):
         self.wv = nn.Linear(d_model, d_model, bias=False)
         self.wo = nn.Linear(d_model, d_model, bias=False)
         self.probs_hook: ProbsHook | None = None
+        #: Always take the dense path (tests compare it with the SDPA one).
+        self.force_dense = False
 
     def rotary(self, n: int) -> Rotary:
         """The rotary embedding used at length n (NTK base and interpolation applied)."""
@@ -157,16 +162,12 @@ class TrickMixer(nn.Module):
             s = torch.where(rel >= w, s_pos, torch.where(rel <= -w, s_neg, s))
         return s
 
-    def forward(self, x: Tensor) -> Tensor:
-        B, T, C = x.shape
-        H, D, L = self.heads, self.head_dim, self.tricks.train_len
-        q = self.wq(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        k = self.wk(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        v = self.wv(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
-        s = self.scores(q, k)  # (B, H, T, T)
-        pos = torch.arange(T, device=x.device)
+    def row_factors(self, T: int, device: torch.device) -> tuple[Tensor, Tensor | None]:
+        """The per-row score scale [T, 1] (float64) and the visibility mask [T, T] (or None)."""
+        D, L = self.head_dim, self.tricks.train_len
+        pos = torch.arange(T, device=device)
         visible = None
-        n_keys = torch.full((T, 1), float(T), dtype=torch.float64, device=x.device)
+        n_keys = torch.full((T, 1), float(T), dtype=torch.float64, device=device)
         if self.tricks.has("local"):
             visible = (pos[:, None] - pos[None, :]).abs() <= self.tricks.local_window  # (T, T)
             n_keys = visible.sum(-1, keepdim=True).to(torch.float64)  # (T, 1)
@@ -175,11 +176,38 @@ class TrickMixer(nn.Module):
             factor = factor * (n_keys.log() / math.log(L)).clamp(min=1.0)
         if self.tricks.has("yarn-temp"):
             factor = factor * (0.1 * math.log(max(1.0, T / L)) + 1.0) ** 2
-        s = s * factor.to(s.dtype)  # (B, H, T, T), row i scaled
+        return factor, visible
+
+    def dense(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Scores, scale, mask and softmax spelled out; the probabilities go to ``probs_hook``.
+        q, k, v: [B, H, T, D] (unrotated)."""
+        factor, visible = self.row_factors(q.shape[-2], q.device)
+        s = self.scores(q, k) * factor.to(q.dtype)  # (B, H, T, T), row i scaled
         if visible is not None:
             s = s.masked_fill(~visible, float("-inf"))
         probs = torch.softmax(s, dim=-1)  # (B, H, T, T)
         if self.probs_hook is not None:
             self.probs_hook(probs)
-        o = probs @ v  # (B, H, T, D)
+        return probs @ v  # (B, H, T, D)
+
+    def fused(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The same through SDPA (row scale folded into q, mask as attn_mask): every trick but
+        ReRoPE, which needs two score matrices. q, k, v: [B, H, T, D] (unrotated)."""
+        T = q.shape[-2]
+        factor, visible = self.row_factors(T, q.device)
+        ang = self.rotary(T).angles(torch.arange(T)).to(q.device)  # (T, D/2)
+        q = rotate(q, ang) * factor.to(q.dtype)  # (B, H, T, D), row i scaled
+        k = rotate(k, ang)  # (B, H, T, D)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=1.0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        H, D = self.heads, self.head_dim
+        q = self.wq(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        k = self.wk(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        v = self.wv(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
+        if self.probs_hook is not None or self.tricks.has("rerope") or self.force_dense:
+            o = self.dense(q, k, v)  # (B, H, T, D)
+        else:
+            o = self.fused(q, k, v)  # (B, H, T, D)
         return self.wo(o.transpose(1, 2).reshape(B, T, C))

@@ -251,7 +251,7 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
             "masking": MASKING.format(p=cfg.train.mask_prob, seed=cfg.eval.seed),
             "windows": {str(n): stream.size // n for n in lengths},
             "entropy": f"mean attention-row entropy (nats) per layer over the first "
-            f"{cfg.eval.entropy_windows} windows of each length",
+            f"{cfg.eval.entropy_tokens} tokens of the span (at least one window)",
         },
         "variants": [{"label": v.label, **v.spec.plain(), "kind": "trained"} for v in variants]
         + [
@@ -400,7 +400,7 @@ def _eval_all(cfg, opts, model, label, kind, seed, ckpt, stream, chunk=None, **e
                 n,
                 chunk=chunk,
                 batch_tokens=cfg.eval.batch_tokens,
-                entropy_windows=cfg.eval.entropy_windows,
+                entropy_tokens=cfg.eval.entropy_tokens,
             )
         except (AttnbenchError, RuntimeError) as e:  # a mechanism that cannot run at this n
             reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"

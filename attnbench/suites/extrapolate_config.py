@@ -1,5 +1,6 @@
-"""Configuration of the extrapolation suite: presets (TOML in the top-level ``suites/`` folder),
-overrides, and the variants (rows) of the table.
+"""Configuration of the extrapolation suite: presets (TOML in the top-level
+``suites/extrapolate/`` folder, with identical copies shipped in ``attnbench/data/extrapolate/``
+for installed wheels), overrides, and the variants (rows) of the table.
 
 A preset file has the sections ``[model]`` (:class:`ModelConfig`), ``[train]``
 (:class:`TrainConfig`), ``[eval]`` (:class:`EvalConfig`), ``[run]`` (:class:`RunConfig`) and
@@ -29,10 +30,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-#: Where presets live: ``suites/extrapolate-<name>.toml`` at the top of the source tree (and of
-#: the current directory, for a user's own presets).
-PRESET_DIRS = (Path(__file__).resolve().parents[2] / "suites", Path.cwd() / "suites")
-PRESET_PREFIX = "extrapolate-"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+#: Where presets live: ``suites/extrapolate/<name>.toml`` at the top of the checkout, then the
+#: copies shipped in the package (a test keeps them identical).
+REPO_PRESETS = PACKAGE_DIR.parent / "suites" / "extrapolate"
+PACKAGED_PRESETS = PACKAGE_DIR / "data" / "extrapolate"
+PRESET_DIRS = (REPO_PRESETS, PACKAGED_PRESETS)
 
 DEFAULT_EVAL_TIME = ("logn", "yarn-temp", "local", "chunk", "ntk", "pi", "rerope")
 
@@ -45,7 +48,7 @@ class EvalConfig:
     tokens: int = 65536  # the held-out span evaluated at every n (span // n windows of n)
     seed: int = 1234  # fixes the masked positions of the span (same for every variant)
     batch_tokens: int = 16384  # tokens per evaluation batch
-    entropy_windows: int = 4  # attention entropy is measured on the first windows only
+    entropy_tokens: int = 2048  # attention entropy on the first tokens of the span (>= 1 window)
     local_window: int = 0  # eval-time "local": keys within +-local_window; 0 means L/2
     rerope_window: int = 0  # eval-time "rerope": relative positions clipped at +-w; 0 means L/2
 
@@ -58,7 +61,7 @@ class EvalConfig:
         for name in ("tokens", "batch_tokens"):
             if getattr(self, name) < 1:
                 raise AttnbenchError(f"invalid eval {name}={getattr(self, name)}; accepted: >= 1")
-        for name in ("entropy_windows", "local_window", "rerope_window"):
+        for name in ("entropy_tokens", "local_window", "rerope_window"):
             if getattr(self, name) < 0:
                 raise AttnbenchError(f"invalid eval {name}={getattr(self, name)}; accepted: >= 0")
 
@@ -211,7 +214,7 @@ def preset_names() -> list[str]:
     names = set()
     for d in PRESET_DIRS:
         if d.is_dir():
-            names.update(p.stem.removeprefix(PRESET_PREFIX) for p in d.glob(PRESET_PREFIX + "*"))
+            names.update(p.stem for p in d.glob("*.toml"))
     return sorted(names)
 
 
@@ -223,7 +226,7 @@ def find_preset(name_or_path: str) -> Path:
             raise AttnbenchError(f"preset file {path} does not exist or is not a file")
         return path
     for d in PRESET_DIRS:
-        candidate = d / f"{PRESET_PREFIX}{name_or_path}.toml"
+        candidate = d / f"{name_or_path}.toml"
         if candidate.is_file():
             return candidate
     raise unknown("preset", name_or_path, preset_names())
@@ -235,7 +238,7 @@ def load_preset(name_or_path: str) -> ExtrapConfig:
         data = tomllib.loads(path.read_text())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise AttnbenchError(f"preset {path} is not valid TOML: {e}") from None
-    name = path.stem.removeprefix(PRESET_PREFIX)
+    name = path.stem
     cfg = ExtrapConfig(preset=name, description=str(data.pop("description", "")))
     defs = dict(VARIANTS)
     for vname, table in (data.pop("variants", {}) or {}).items():

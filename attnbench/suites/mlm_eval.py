@@ -237,13 +237,13 @@ def evaluate(
     *,
     chunk: int | None = None,
     batch_tokens: int = 16384,
-    entropy_windows: int = 4,
+    entropy_tokens: int = 2048,
 ) -> EvalResult:
     """Masked-token accuracy and loss of ``model`` on the span cut into windows of n tokens.
 
     ``chunk``: run each window as independent chunks of that many tokens (the sanity floor).
-    Entropy is measured on the first ``entropy_windows`` windows only (the same for every
-    variant); 0 turns it off.
+    Entropy is measured on the windows within the first ``entropy_tokens`` tokens of the span
+    (at least one window; the same text for every variant); 0 turns it off.
     """
     t0 = time.perf_counter()
     model.eval()
@@ -254,7 +254,8 @@ def evaluate(
     with LengthGuard(model) as guard, EntropyProbe(model) as probe:
         for ptoks, pmask, m in parts:
             rows = ptoks.shape[0]
-            split = min(rows, entropy_windows * (rows // W))  # rows of the first windows
+            first = max(1, entropy_tokens // n) if entropy_tokens else 0  # windows probed
+            split = min(rows, first * (rows // W))  # their rows (chunks) in this part
             per_batch = max(1, batch_tokens // m)
             for lo, hi, active in ((0, split, True), (split, rows, False)):
                 probe.active = active
