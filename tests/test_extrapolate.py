@@ -376,7 +376,7 @@ def test_whole_block_and_causal_only_mechanisms(monkeypatch):
     monkeypatch.setattr(registry, "MECHANISMS", (*registry.MECHANISMS, whole, causal))
     assert is_whole_block(MixerSpec("fake-whole"))
     model = _tiny_model(MixerSpec("fake-whole"))
-    assert all(b.ffn is None for b in model.blocks)
+    assert all(b.ffn is None for b in model.blocks) and len(model.blocks) == 2 * 2
     cfg = load_preset("cpu")
     variants, notes = resolve_variants(cfg, ["all"])
     names = [v.label for v in variants]

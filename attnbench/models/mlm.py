@@ -5,7 +5,8 @@ embedding, no absolute positions (rotary embedding inside every attention layer)
 pre-norm blocks, a final LayerNorm and a 256-way byte classifier. Every attention mechanism comes
 from :func:`attnbench.layers.make_layer`, so any bidirectional registry mechanism trains in the
 same model with no edit. A mechanism whose record says ``whole_block=True`` (GAU, FLASH: the layer
-replaces attention + FFN) is stacked without an FFN.
+replaces attention + FFN) is stacked without an FFN, twice as many of them (seed 000: two GAU layers
+match one attention + FFN block in parameters, the FLASH paper's convention).
 
 Tokens ``[B, T]`` (byte ids 0..255, :data:`MASK_ID` for a masked position) -> hidden states
 ``[B, T, C]``; :meth:`MLMEncoder.logits` maps selected hidden states ``[N, C]`` to ``[N, 256]``.
@@ -133,14 +134,23 @@ class Block(nn.Module):
 
 
 class MLMEncoder(nn.Module):
-    """Byte-level bidirectional encoder; see the module docstring."""
+    """Byte-level bidirectional encoder; see the module docstring. ``blocks`` defaults to
+    ``cfg.layers``."""
 
-    def __init__(self, cfg: ModelConfig, mixer: MixerFactory, *, with_ffn: bool = True):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        mixer: MixerFactory,
+        *,
+        with_ffn: bool = True,
+        blocks: int | None = None,
+    ):
         super().__init__()
         cfg.check()
         self.cfg = cfg
         self.embed = nn.Embedding(VOCAB, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, mixer(cfg, i), with_ffn) for i in range(cfg.layers))
+        count = cfg.layers if blocks is None else blocks
+        self.blocks = nn.ModuleList(Block(cfg, mixer(cfg, i), with_ffn) for i in range(count))
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, BYTES)
 
@@ -155,6 +165,9 @@ class MLMEncoder(nn.Module):
         """hidden [..., C] -> byte logits [..., 256] (only for the positions that need them)."""
         return self.head(hidden)
 
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
 
 def init_weights(model: nn.Module, std: float = 0.02) -> None:
     """GPT-2 style: N(0, std) for every Linear and Embedding weight, zero biases. Parameters a
@@ -168,6 +181,8 @@ def init_weights(model: nn.Module, std: float = 0.02) -> None:
 
 def build_model(cfg: ModelConfig, spec: MixerSpec) -> MLMEncoder:
     """The encoder with ``spec``'s mechanism in every block (initialised, not trained)."""
-    model = MLMEncoder(cfg, registry_mixer(spec), with_ffn=not is_whole_block(spec))
+    whole = is_whole_block(spec)
+    blocks = 2 * cfg.layers if whole else cfg.layers
+    model = MLMEncoder(cfg, registry_mixer(spec), with_ffn=not whole, blocks=blocks)
     init_weights(model)
     return model

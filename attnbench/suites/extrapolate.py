@@ -222,7 +222,7 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
             if v.label == "O":
                 for ev in eval_rows:
                     rows += _evaluate_eval_time(cfg, opts, ev, seed, ckpt, stream)
-            report.write_csv(rows, opts.out / CSV_NAME, cfg.model.layers)
+            report.write_csv(rows, opts.out / CSV_NAME)
     finally:
         torch.set_num_threads(old_threads)
 
@@ -346,6 +346,7 @@ def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream):
         "train_time_s": round(ckpt["train_time_s"], 2),
         "ms_per_step": round(1000 * ckpt["train_time_s"] / steps, 1),
         "final_loss": ckpt["final_loss"],
+        "model_params": build_model(cfg.model, v.spec).num_params(),
         "checkpoint": str(path),
     }
     return ckpt, info
@@ -391,6 +392,7 @@ def _failed_row(cfg, label, kind, seed, n, ckpt, reason, **extra) -> dict[str, A
 
 
 def _eval_all(cfg, opts, model, label, kind, seed, ckpt, stream, chunk=None, **extra):
+    extra["model_params"] = model.num_params()
     rows = []
     for n in cfg.eval.lengths:
         try:

@@ -39,14 +39,19 @@ BASE_COLUMNS = [
     "windows",
     "eval_tokens",
 ]
-TAIL_COLUMNS = ["train_time_s", "train_steps", "eval_time_s", "status", "reason"]
+TAIL_COLUMNS = ["model_params", "train_time_s", "train_steps", "eval_time_s", "status", "reason"]
 
 
 def columns(layers: int) -> list[str]:
     return BASE_COLUMNS + [f"entropy_l{i}" for i in range(layers)] + TAIL_COLUMNS
 
 
-def write_csv(rows: Sequence[dict[str, Any]], path: Path, layers: int) -> None:
+def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """One row per (variant, seed, length); entropy columns for the deepest model's blocks."""
+    layers = max(
+        (int(k[len("entropy_l") :]) + 1 for r in rows for k in r if k.startswith("entropy_l")),
+        default=0,
+    )
     cols = columns(layers)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="") as f:
@@ -182,50 +187,67 @@ def _signed(mean: float, std: float, count: int) -> str:
 def figure(
     summary: pd.DataFrame, lengths: Sequence[int], train_len: int, path: Path, title: str
 ) -> None:
-    """Accuracy vs evaluation length: log2 x axis, one line per variant, std error bars; eval-time
-    rows dashed, the seed's published rows dotted grey."""
+    """Accuracy vs evaluation length, log2 x axis, one line per variant, std error bars over seeds.
+
+    Left: the trained variants and the seed's published rows (dotted; other data, compare shapes).
+    Right (when there are eval-time rows): the tricks applied to the trained O model, with O and E
+    for reference.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for variant, group in summary.groupby("variant", sort=False):
-        g = group.dropna(subset=["mean"]).sort_values("eval_len")
-        if g.empty:
-            continue
-        kind = group["kind"].iloc[0]
-        ax.errorbar(
-            g["eval_len"],
-            g["mean"],
-            yerr=g["std"].fillna(0.0),
-            label=f"{variant} ({kind})",
-            linestyle="-" if kind == "trained" else "--",
-            marker="o" if kind == "trained" else "s",
-            markersize=4,
-            capsize=3,
-            linewidth=2.0 if variant in ("O", "E") else 1.2,
-        )
-    for name, values in PUBLISHED.items():
-        xs = [n for n in lengths if n in values]
-        if xs:
-            ax.plot(
-                xs,
-                [values[n] for n in xs],
-                linestyle=":",
-                color="grey" if name.endswith("O") else "black",
-                marker=".",
-                label=f"{name} (published, other data)",
+    kinds = dict(zip(summary["variant"], summary["kind"], strict=False))
+    trained = [v for v in dict.fromkeys(summary["variant"]) if kinds[v] == "trained"]
+    tricks = [v for v in dict.fromkeys(summary["variant"]) if kinds[v] != "trained"]
+    panels = [(f"trained at L = {train_len}", trained, True)]
+    if tricks:
+        ref = [v for v in ("O", "E") if v in trained]
+        panels.append(("evaluation-time tricks on the trained O", ref + tricks, False))
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 5.2), squeeze=False)
+    colours = plt.get_cmap("tab20").colors
+    colour = {v: colours[(2 * i) % 20 + (2 * i // 20) % 2] for i, v in enumerate(kinds)}
+    for ax, (name, variants, published) in zip(axes[0], panels, strict=True):
+        for variant in variants:
+            g = summary[summary["variant"] == variant].dropna(subset=["mean"])
+            g = g.sort_values("eval_len")
+            if g.empty:
+                continue
+            kind = kinds[variant]
+            ax.errorbar(
+                g["eval_len"],
+                g["mean"],
+                yerr=g["std"].fillna(0.0),
+                label=variant if kind == "trained" else f"{variant} (eval-time)",
+                color=colour[variant],
+                linestyle="-" if kind == "trained" else "--",
+                marker="o" if kind == "trained" else "s",
+                markersize=4,
+                capsize=3,
+                linewidth=2.2 if variant in ("O", "E") else 1.3,
             )
-    ax.axvline(train_len, color="grey", linewidth=0.8, alpha=0.6)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(list(lengths))
-    ax.set_xticklabels([str(n) for n in lengths])
-    ax.set_xlabel(f"evaluation length n (trained at L = {train_len})")
-    ax.set_ylabel("masked-token accuracy (%)")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        if published:
+            for pname, values in PUBLISHED.items():
+                xs = [n for n in lengths if n in values]
+                ax.plot(
+                    xs,
+                    [values[n] for n in xs],
+                    linestyle=":",
+                    color="grey" if pname.endswith("O") else "black",
+                    marker=".",
+                    label=f"{pname} (published, other data)",
+                )
+        ax.axvline(train_len, color="grey", linewidth=0.8, alpha=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(lengths))
+        ax.set_xticklabels([str(n) for n in lengths])
+        ax.set_xlabel(f"evaluation length n (trained at L = {train_len})")
+        ax.set_ylabel("masked-token accuracy (%)")
+        ax.set_title(name, fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
