@@ -465,3 +465,49 @@ def test_trick_sdpa_path_matches_dense(name):
         mixer.force_dense = True
         dense = mixer(x)
     assert torch.allclose(fast, dense, atol=1e-10, rtol=1e-9)
+
+
+def test_a_mechanism_failing_at_some_length_gets_an_error_row(monkeypatch, tmp_path):
+    """A mechanism that cannot run at a length yields status=error rows with the reason, never a
+    dropped row or a NaN passed off as a result."""
+
+    def short_only(q, k, v, *, causal):
+        if q.shape[-2] > 32:
+            raise RuntimeError("this path stops at 32 positions")
+        return softmax.sdpa(q, k, v, causal=causal)
+
+    path = dataclasses.replace(softmax.MECHANISM.paths[1], fn=short_only)
+    mech = dataclasses.replace(
+        softmax.MECHANISM, name="fake-short", aliases=(), paths=(softmax.MECHANISM.paths[0], path)
+    )
+    monkeypatch.setattr(registry, "_BY_NAME", dict(registry._BY_NAME, **{"fake-short": mech}))
+    corpus = make_corpus(tmp_path / "c.txt")
+    cfg = _tiny_cfg(corpus).override({"variants": "fake-short", "steps": 3})
+    result = run_extrapolate(cfg, _opts(tmp_path / "out"))
+    rows = {r["eval_len"]: r for r in result.rows}
+    assert rows[16]["status"] == "ok" and rows[64]["status"] == "error"
+    assert "stops at 32" in rows[64]["reason"] and "accuracy" not in rows[64]
+    df = pd.read_csv(tmp_path / "out" / "extrapolate.csv")
+    assert list(df["status"]) == ["ok", "error"] and pd.isna(df["accuracy"].iloc[1])
+    assert "failed" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_rich_progress_bar_renders():
+    import io
+
+    from rich.console import Console
+
+    from attnbench.suites.progress import LineProgress, RichProgress
+
+    buf = io.StringIO()
+    bar = RichProgress(Console(file=buf, force_terminal=True, width=120))
+    bar.start("O seed 0", 10, 0)
+    bar.update(10, 2.5, 12345.0)
+    bar.stop()
+    assert "loss 2.500" in buf.getvalue() and "12,345 tok/s" in buf.getvalue()
+    buf = io.StringIO()
+    lines = LineProgress(lines=2, stream=buf)
+    lines.start("E seed 1", 10, 0)
+    for step in range(1, 11):
+        lines.update(step, 2.0, 100.0)
+    assert buf.getvalue().count("\n") == 2 and "step 10/10 loss 2.000" in buf.getvalue()
