@@ -7,8 +7,9 @@ scale), and picks lambda = log_512(n) / sqrt(d) (Attention-E) so that H stops gr
 (a) Random q, k of norm sqrt(d) (d = 64 by default), n = 16 .. 4096 in powers of two, for O
     (lambda = 1/sqrt(d)) and E (lambda = log_512 n / sqrt(d)). Fits, over all those points,
     H = log n - c * lambda * d + b (c and b free) and reports c beside the seed's 0.24.
-(b) Inside the trained models of ``attnbench run extrapolate`` (O and E checkpoints, every seed
-    found): the mean row entropy per layer on held-out windows of n tokens.
+(b) Inside the trained models of ``attnbench run extrapolate`` (every finished checkpoint found
+    whose attention rows are distributions: O, E, ...): the mean row entropy per layer on
+    held-out windows of n tokens.
 For both, the growth slope dH / d log n (least squares over n) says how flat each curve is: about 1
 means "grows like log n", about 0 means "entropy-invariant".
 """
@@ -28,11 +29,11 @@ import torch
 
 from attnbench.data import load_corpus
 from attnbench.errors import AttnbenchError
-from attnbench.models.mlm import build_model
-from attnbench.suites.extrapolate import checkpoint_key, git_info, versions
-from attnbench.suites.extrapolate_config import ExtrapConfig, TrainedVariant, resolve_spec
+from attnbench.models.mlm import MixerSpec, ModelConfig, build_model
+from attnbench.suites.extrapolate import git_info, versions
+from attnbench.suites.extrapolate_config import ExtrapConfig
 from attnbench.suites.mlm_eval import EntropyProbe, LengthGuard, row_entropy
-from attnbench.suites.mlm_train import check_key, load_checkpoint
+from attnbench.suites.mlm_train import load_checkpoint
 
 SEED_C = 0.24  # seed 003's Laplace-approximation constant
 E_BASE = 512.0
@@ -164,57 +165,65 @@ def growth_slopes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def model_rows(cfg: ExtrapConfig, opts: EntropyOptions, notes: list[str]) -> list[dict[str, Any]]:
-    """(b): mean row entropy per layer inside the trained O and E models (every seed found)."""
+    """(b): mean row entropy per layer inside every finished checkpoint in ``opts.checkpoints``
+    whose attention rows are distributions (O, E, E-ln, sparse softmax patterns...), each model
+    rebuilt from the config stored in its checkpoint."""
     ckpt_dir = opts.checkpoints
     if ckpt_dir is None or not ckpt_dir.is_dir():
         notes.append(f"no checkpoint folder {ckpt_dir}: the trained-model part is skipped")
         return []
+    paths = sorted(ckpt_dir.glob("*-seed*.pt"))
+    if not paths:
+        notes.append(f"no checkpoints in {ckpt_dir}: the trained-model part is skipped")
+        return []
     corpus = load_corpus(opts.corpus or cfg.run.corpus or None)
-    _, heldout = corpus.split(cfg.run.holdout)
-    ns = [n for n in lengths(opts.min_n, opts.max_n) if n * opts.model_windows <= heldout.numel()]
-    if not ns:
-        raise AttnbenchError(
-            f"corpus too short: the held-out part has {heldout.numel():,} tokens, fewer than "
-            f"{opts.model_windows} windows of {opts.min_n}"
-        )
     rows = []
-    for label in ("O", "E"):
-        variant = TrainedVariant(label, resolve_spec(cfg.variant_defs[label], label))
-        paths = sorted(ckpt_dir.glob(f"{variant.file_stem}-seed*.pt"))
-        if not paths:
-            notes.append(f"no {label} checkpoints in {ckpt_dir}")
-        for path in paths:
-            ckpt = load_checkpoint(path)
-            seed = int(ckpt["key"]["seed"])
-            if not opts.corpus:  # same text as trained: the key must match the preset
-                check_key(ckpt, checkpoint_key(cfg, variant, seed, corpus.sha256), path)
-            if not ckpt["done"]:
-                notes.append(f"{path.name} is unfinished (step {ckpt['step']}); skipped")
-                continue
-            model = build_model(cfg.model, variant.spec)
-            model.load_state_dict(ckpt["model"])
-            model.eval()
-            for n in ns:
-                x = heldout[: n * opts.model_windows].view(opts.model_windows, n).long()
-                with torch.no_grad(), LengthGuard(model) as guard, EntropyProbe(model) as probe:
-                    probe.active = True
-                    model(x)
-                    guard.expect(n)
-                for layer, h in enumerate(probe.means()):
-                    rows.append(
-                        {
-                            "source": "model",
-                            "variant": label,
-                            "seed": seed,
-                            "layer": layer,
-                            "n": n,
-                            "log_n": math.log(n),
-                            "lambda_d": "",
-                            "entropy": h,
-                            "entropy_std": "",
-                            "rows": opts.model_windows * n * cfg.model.heads,
-                        }
-                    )
+    for path in paths:
+        ckpt = load_checkpoint(path)
+        key = ckpt["key"]
+        label, seed = path.stem.rsplit("-seed", 1)[0], int(key["seed"])
+        if not ckpt["done"]:
+            notes.append(f"{path.name} is unfinished (step {ckpt['step']}); skipped")
+            continue
+        if key["corpus_sha256"] != corpus.sha256:
+            notes.append(f"{path.name} was trained on another corpus than {corpus.name}")
+        _, heldout = corpus.split(key["holdout"])
+        model_cfg = ModelConfig(**key["model"])
+        mixer = MixerSpec(key["mixer"]["mechanism"], key["mixer"]["path"], key["mixer"]["params"])
+        model = build_model(model_cfg, mixer)
+        model.load_state_dict(ckpt["model"])
+        model.eval()
+        found = 0
+        for n in lengths(opts.min_n, opts.max_n):
+            if n * opts.model_windows > heldout.numel():
+                notes.append(f"n={n} skipped for {path.name}: the held-out text is too short")
+                break
+            x = heldout[: n * opts.model_windows].view(opts.model_windows, n).long()  # (W, n)
+            with torch.no_grad(), LengthGuard(model) as guard, EntropyProbe(model) as probe:
+                probe.active = True
+                model(x)
+                guard.expect(n)
+            for layer, h in enumerate(probe.means()):
+                if h is None:
+                    continue
+                found += 1
+                rows.append(
+                    {
+                        "source": "model",
+                        "variant": label,
+                        "seed": seed,
+                        "layer": layer,
+                        "n": n,
+                        "log_n": math.log(n),
+                        "lambda_d": "",
+                        "entropy": h,
+                        "entropy_std": "",
+                        "rows": opts.model_windows * n * model_cfg.heads,
+                    }
+                )
+        if not found:
+            notes.append(f"{path.name}: its attention rows are not distributions; skipped")
+        else:
             opts.log(f"entropy inside {path.name}: done")
     return rows
 
