@@ -412,6 +412,7 @@ def corpora(tmp_path_factory):
         (["--impl", "gqa", "--param", "kv_heads=0"], "kv_heads"),
         (["--set", "train.nosuch=1"], "unknown setting"),
         (["--heads", "3"], "not divisible"),
+        (["--device", "tpu"], "invalid device"),
     ],
     ids=lambda v: v if isinstance(v, str) else " ".join(v),
 )

@@ -92,6 +92,9 @@ def extrapolate(
         typer.Option(help="Held-out tokens evaluated at every length (cut into windows of n)."),
     ] = None,
     threads: Annotated[int | None, typer.Option(help="CPU threads (0: all).")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N.")
+    ] = None,
     ckpt_every: Annotated[int | None, typer.Option(help="Steps between checkpoints.")] = None,
     set_: Annotated[
         list[str] | None,
@@ -122,6 +125,7 @@ def extrapolate(
         run__eval_time=eval_time,
         run__corpus=str(corpus) if corpus is not None else None,
         run__threads=threads,
+        run__device=device,
         run__ckpt_every=ckpt_every,
         model__d_model=d_model,
         model__layers=layers,

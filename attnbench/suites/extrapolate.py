@@ -104,6 +104,18 @@ def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus
     }
 
 
+def resolve_device(name: str) -> torch.device:
+    """``auto``: the GPU when there is one, else the CPU; an unavailable device is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise AttnbenchError(f"device {name!r} is not available here; accepted: auto, cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise AttnbenchError(f"device {name!r} is not available here; accepted: auto, cpu")
+    return device
+
+
 def _threads(cfg: ExtrapConfig) -> int:
     if cfg.run.threads:
         return cfg.run.threads
@@ -207,6 +219,7 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         torch.manual_seed(0)
         build_model(cfg.model, v.spec)
     seeds = list(range(cfg.run.seed_start, cfg.run.seed_start + cfg.run.seeds))
+    device = resolve_device(cfg.run.device)
     plan = Plan(cfg, variants, seeds, corpus.sha256, opts)
 
     opts.out.mkdir(parents=True, exist_ok=True)
@@ -216,12 +229,12 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     trainings: list[dict[str, Any]] = []
     try:
         for v, seed, path, key, ckpt in plan.entries:
-            ckpt, info = _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream)
+            ckpt, info = _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device)
             trainings.append(info)
-            rows += _evaluate_trained(cfg, opts, v, seed, ckpt, stream)
+            rows += _evaluate_trained(cfg, opts, v, seed, ckpt, stream, device)
             if v.label == "O":
                 for ev in eval_rows:
-                    rows += _evaluate_eval_time(cfg, opts, ev, seed, ckpt, stream)
+                    rows += _evaluate_eval_time(cfg, opts, ev, seed, ckpt, stream, device)
             report.write_csv(rows, opts.out / CSV_NAME)
     finally:
         torch.set_num_threads(old_threads)
@@ -266,6 +279,7 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         "seeds": seeds,
         "trainings": trainings,
         "threads": _threads(cfg),
+        "device": str(device),
         "versions": versions(),
         "git": git_info(),
         "notes": notes,
@@ -302,7 +316,7 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
     )
 
 
-def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream):
+def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device):
     """Train (from scratch or from ``ckpt``) unless ``ckpt`` is finished; returns the finished
     checkpoint and a summary for the sidecar."""
     if ckpt is not None and ckpt["done"]:
@@ -312,7 +326,7 @@ def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream):
             raise AttnbenchError(f"{path} is not finished")
         torch.manual_seed(seed)
         random.seed(seed)
-        model = build_model(cfg.model, v.spec)
+        model = build_model(cfg.model, v.spec).to(device)
         hook = None
         if opts.on_step is not None:
 
@@ -415,9 +429,10 @@ def _eval_all(cfg, opts, model, label, kind, seed, ckpt, stream, chunk=None, **e
     return rows
 
 
-def _evaluate_trained(cfg, opts, v: TrainedVariant, seed, ckpt, stream) -> list[dict]:
+def _evaluate_trained(cfg, opts, v: TrainedVariant, seed, ckpt, stream, device) -> list[dict]:
     model = build_model(cfg.model, v.spec)
     model.load_state_dict(ckpt["model"])
+    model.to(device)
     return _eval_all(
         cfg,
         opts,
@@ -435,13 +450,14 @@ def _evaluate_trained(cfg, opts, v: TrainedVariant, seed, ckpt, stream) -> list[
     )
 
 
-def _evaluate_eval_time(cfg, opts, ev: EvalTimeVariant, seed, ckpt, stream) -> list[dict]:
+def _evaluate_eval_time(cfg, opts, ev: EvalTimeVariant, seed, ckpt, stream, device) -> list[dict]:
     tricks = ev.tricks
     model = MLMEncoder(
         cfg.model,
         lambda c, i: TrickMixer(c.d_model, c.heads, tricks, rope_base=c.rope_base),
     )
     model.load_state_dict(ckpt["model"])  # strict: the O weights, unchanged
+    model.to(device)
     return _eval_all(
         cfg,
         opts,

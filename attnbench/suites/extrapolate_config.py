@@ -47,7 +47,7 @@ class EvalConfig:
     lengths: tuple[int, ...] = (64, 128, 256, 512, 1024)  # evaluation lengths n
     tokens: int = 65536  # the held-out span evaluated at every n (span // n windows of n)
     seed: int = 1234  # fixes the masked positions of the span (same for every variant)
-    batch_tokens: int = 16384  # tokens per evaluation batch
+    batch_tokens: int = 4096  # tokens per evaluation batch
     entropy_tokens: int = 2048  # attention entropy on the first tokens of the span (>= 1 window)
     local_window: int = 0  # eval-time "local": keys within +-local_window; 0 means L/2
     rerope_window: int = 0  # eval-time "rerope": relative positions clipped at +-w; 0 means L/2
@@ -75,6 +75,7 @@ class RunConfig:
     seeds: int = 1  # number of training seeds
     seed_start: int = 0  # first seed
     threads: int = 0  # torch CPU threads; 0: every core this process may use
+    device: str = "auto"  # "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:1"...
     ckpt_every: int = 500  # steps between periodic checkpoints
     holdout: float = 0.1  # last share of the corpus kept for evaluation
     corpus: str = ""  # a text file or folder; "" is the shipped Shakespeare
@@ -90,6 +91,10 @@ class RunConfig:
             raise AttnbenchError(f"invalid ckpt_every={self.ckpt_every}; accepted: >= 0")
         if not 0.0 < self.holdout < 1.0:
             raise AttnbenchError(f"invalid holdout={self.holdout}; accepted: a fraction in (0, 1)")
+        if not (self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps")):
+            raise AttnbenchError(
+                f"invalid device={self.device!r}; accepted: auto, cpu, cuda, cuda:N, mps"
+            )
         if not self.variants:
             raise AttnbenchError("no trained variants; accepted: at least one, e.g. O,E")
 

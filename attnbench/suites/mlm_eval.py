@@ -273,6 +273,8 @@ def evaluate(
 def _score(model: nn.Module, x: Tensor, xm: Tensor, res: EvalResult, guard, m: int) -> None:
     if x.shape[1] != m:
         raise LengthCheckError(f"batch has length {x.shape[1]}, expected {m}")
+    device = next(model.parameters()).device
+    x, xm = x.to(device), xm.to(device)
     inputs = x.masked_fill(xm, MASK_ID)  # (b, m)
     hidden = model(inputs)  # (b, m, C)
     guard.expect(m)

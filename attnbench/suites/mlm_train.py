@@ -247,7 +247,8 @@ def train(
     title: str = "",
     on_step: Callable[[int], None] | None = None,
 ) -> TrainOutcome:
-    """Train ``model`` in place (its weights already initialised from ``seed``).
+    """Train ``model`` in place (its weights already initialised from ``seed``, on the device
+    it is on; batches are drawn on the CPU, so the data order is the same on every device).
 
     ``resume``: a loaded checkpoint of the same key to continue from. ``on_step(step)`` is called
     after every completed step (tests use it to deliver a signal mid-run).
@@ -255,6 +256,7 @@ def train(
     cfg.check()
     progress = progress or NoProgress()
     sampler = BatchSampler(stream, train_len, cfg.batch, cfg.mask_prob, seed)
+    device = next(model.parameters()).device
     opt = make_optimizer(model, cfg)
     start, elapsed, history = 0, 0.0, []
     if resume is not None:
@@ -298,7 +300,8 @@ def train(
             while step < cfg.steps:
                 for group in opt.param_groups:
                     group["lr"] = lr_at(step, cfg)
-                loss = masked_loss(model, *sampler.next())
+                batch = [t.to(device, non_blocking=True) for t in sampler.next()]
+                loss = masked_loss(model, *batch)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip > 0:
