@@ -308,6 +308,8 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
             "",
             report.markdown_difference(diff, lengths),
             "",
+            "Masking: " + MASKING.format(p=cfg.train.mask_prob, seed=cfg.eval.seed) + ".",
+            "",
             "Masked tokens evaluated per length: "
             + ", ".join(f"n={n}: {masked[n]:,}" for n in lengths)
             + f" (one held-out span of {stream.size:,} tokens, the same for every row).",
