@@ -106,10 +106,11 @@ def extrapolate(
 ) -> None:
     """Train a byte-level MLM encoder at one length and measure accuracy at longer ones.
 
-    Seed 003's experiment: Attention-O vs Attention-E (log_512 n), plus registry mechanisms
-    (--impl) and evaluation-time tricks on the trained O model. Writes extrapolate.csv,
-    extrapolate.json, table.md and accuracy_vs_length.png to --out; checkpoints per
-    (variant, seed) allow --resume and --eval-only. Ctrl-C saves a checkpoint.
+    Seed 003: Attention-O vs Attention-E (log_512 n), registry mechanisms, eval-time tricks.
+
+    Writes extrapolate.csv, extrapolate.json, table.md and accuracy_vs_length.png to --out.
+
+    Checkpoints per (variant, seed): --resume, --eval-only; Ctrl-C saves one.
 
     Example: [bold]attnbench run extrapolate --seeds 3 --impl local --out results/x[/bold]
     """
@@ -192,9 +193,11 @@ def entropy(
 ) -> None:
     """Entropy of attention rows as n grows, for Attention-O and Attention-E.
 
-    (a) random q, k of norm sqrt(d); (b) inside the models trained by `run extrapolate`, when
-    their checkpoints exist. Fits H = log n - c*lambda*d + b (seed 003 derives c about 0.24) and
-    the growth dH/dlog n. Writes entropy.csv, entropy.json and entropy.png.
+    (a) random q, k of norm sqrt(d); (b) inside the trained models, when checkpoints exist.
+
+    Fits H = log n - c*lambda*d + b (seed 003: c about 0.24) and reports dH/dlog n.
+
+    Writes entropy.csv, entropy.json and entropy.png.
 
     Example: [bold]attnbench run entropy --max-n 1024[/bold]
     """
