@@ -227,7 +227,10 @@ def model_rows(cfg: ExtrapConfig, opts: EntropyOptions, notes: list[str]) -> lis
                     }
                 )
         if not found:
-            notes.append(f"{path.name}: its attention rows are not distributions; skipped")
+            notes.append(
+                f"{path.name}: no attention rows to measure (a layer of its own, or rows that "
+                "are not probability distributions); skipped"
+            )
         else:
             opts.log(f"entropy inside {path.name}: done")
     return rows
@@ -322,7 +325,7 @@ def _text(fit: dict[str, Any], slopes: list[dict[str, Any]], notes: list[str]) -
     for s in slopes:
         where = s["source"] + (f" layer {s['layer']}" if s["layer"] != "" else "")
         lines.append(
-            f"  {s['variant']} {where:<16} slope {s['slope_dH_dlogn']:+.3f}   H "
+            f"  {s['variant'] + ' ' + where:<26} slope {s['slope_dH_dlogn']:+.3f}   H "
             f"{s['H_first']:.3f} at n={s['n_first']} -> {s['H_last']:.3f} at n={s['n_last']}"
         )
     lines += [f"note: {n}" for n in notes]
