@@ -413,6 +413,10 @@ def corpora(tmp_path_factory):
         (["--set", "train.nosuch=1"], "unknown setting"),
         (["--heads", "3"], "not divisible"),
         (["--device", "tpu"], "invalid device"),
+        (["--eval-only"], "no checkpoint for O seed 0"),
+        (["--eval-only", "--resume"], "exclude each other"),
+        (["--eval-time", "logn,warp"], "unknown evaluation-time trick"),
+        (["--eval-time", "chunk+logn"], "chunk stands alone"),
     ],
     ids=lambda v: v if isinstance(v, str) else " ".join(v),
 )
