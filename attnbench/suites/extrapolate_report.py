@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-from rich.table import Table
 
 #: Seed 003's table: MLM accuracy (%) of RoFormer small trained at n = 64.
 PUBLISHED: dict[str, dict[int, float]] = {
@@ -140,18 +139,6 @@ def table_cells(summary: pd.DataFrame, lengths: Sequence[int]) -> list[tuple[str
 
 def _pub(values: dict[int, float], n: int) -> str:
     return f"{values[n]:.2f}" if n in values else "-"
-
-
-def rich_table(summary: pd.DataFrame, lengths: Sequence[int], title: str) -> Table:
-    table = Table(title=title)
-    table.add_column("variant")
-    table.add_column("kind")
-    for n in lengths:
-        table.add_column(f"n={n}", justify="right")
-    for variant, kind, cells in table_cells(summary, lengths):
-        style = "dim" if kind == "published" else None
-        table.add_row(variant, kind, *cells, style=style)
-    return table
 
 
 def markdown_table(summary: pd.DataFrame, lengths: Sequence[int]) -> str:
