@@ -525,3 +525,9 @@ def test_rich_progress_bar_renders():
     for step in range(1, 11):
         lines.update(step, 2.0, 100.0)
     assert buf.getvalue().count("\n") == 2 and "step 10/10 loss 2.000" in buf.getvalue()
+
+
+def test_help_has_an_example():
+    for name in ("extrapolate", "entropy"):
+        res = invoke(name, "--help")
+        assert res.exit_code == 0 and "Example" in res.output, name
