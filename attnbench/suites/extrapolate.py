@@ -308,6 +308,15 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
             "",
             report.markdown_difference(diff, lengths),
             "",
+            *(
+                ["The seed's shape, on the mean over seeds of E − O:", "", *checks, ""]
+                if (checks := report.shape_checks(diff))
+                else []
+            ),
+            "Training wall time per variant (this machine, threads as in the sidecar):",
+            "",
+            *report.training_times(rows),
+            "",
             "Masking: " + MASKING.format(p=cfg.train.mask_prob, seed=cfg.eval.seed) + ".",
             "",
             "Masked tokens evaluated per length: "

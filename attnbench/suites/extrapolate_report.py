@@ -165,6 +165,44 @@ def markdown_difference(diff: pd.DataFrame, lengths: Sequence[int], base: str = 
     return "\n".join(lines)
 
 
+#: The issue's reading of the seed's shape, on the mean over seeds of E - O (points):
+#: (length, test, threshold, words).
+SHAPE_CHECKS = (
+    (64, "abs<=", 1.5, "|E − O| ≤ 1.5 at n = 64 (equal at the training length)"),
+    (128, ">=", -0.5, "E − O ≥ −0.5 at n = 128"),
+    (256, ">=", 3.0, "E − O ≥ 3 at n = 256"),
+    (512, ">=", 3.0, "E − O ≥ 3 at n = 512"),
+    (1024, ">=", 0.0, "E ≥ O at n = 1024"),
+)
+
+
+def shape_checks(diff: pd.DataFrame, variant: str = "E") -> list[str]:
+    """Markdown bullet lines: does ``variant`` − O meet the seed's shape at each length?"""
+    rows = diff[diff["variant"] == variant].set_index("eval_len")["mean"]
+    lines = []
+    for n, test, threshold, words in SHAPE_CHECKS:
+        if n not in rows.index:
+            continue
+        value = float(rows[n])
+        ok = abs(value) <= threshold if test == "abs<=" else value >= threshold
+        lines.append(f"- {words}: {'yes' if ok else 'no'} ({value:+.2f})")
+    return lines
+
+
+def training_times(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown bullet lines: training wall time per trained variant (mean over seeds)."""
+    df = pd.DataFrame(rows)
+    df = df[df["kind"] == "trained"].drop_duplicates(["variant", "seed"])
+    out = []
+    for variant, g in df.groupby("variant", sort=False):
+        minutes = g["train_time_s"].astype(float) / 60
+        out.append(
+            f"- {variant}: {minutes.mean():.1f} min a seed ({len(g)} seed"
+            f"{'s' if len(g) > 1 else ''}, {int(g['train_steps'].iloc[0])} steps)"
+        )
+    return out
+
+
 def _signed(mean: float, std: float, count: int) -> str:
     if count > 1 and not math.isnan(std):
         return f"{mean:+.2f} ± {std:.2f}"
