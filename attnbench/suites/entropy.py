@@ -50,7 +50,7 @@ class EntropyOptions:
     trials: int = 4
     seed: int = 0
     corpus: str | None = None  # text for (b); None: the corpus the checkpoints were trained on
-    model_windows: int = 2  # held-out windows per length for (b)
+    model_tokens: int = 8192  # held-out tokens per length for (b): max(1, tokens // n) windows
     log: Callable[[str], None] = lambda msg: None
 
 
@@ -200,10 +200,11 @@ def model_rows(cfg: ExtrapConfig, opts: EntropyOptions, notes: list[str]) -> lis
         model.eval()
         found = 0
         for n in lengths(opts.min_n, opts.max_n):
-            if n * opts.model_windows > heldout.numel():
+            windows = max(1, opts.model_tokens // n)
+            if n * windows > heldout.numel():
                 notes.append(f"n={n} skipped for {path.name}: the held-out text is too short")
                 break
-            x = heldout[: n * opts.model_windows].view(opts.model_windows, n).long()  # (W, n)
+            x = heldout[: n * windows].view(windows, n).long()  # (W, n)
             with torch.no_grad(), LengthGuard(model) as guard, EntropyProbe(model) as probe:
                 probe.active = True
                 model(x)
@@ -223,7 +224,7 @@ def model_rows(cfg: ExtrapConfig, opts: EntropyOptions, notes: list[str]) -> lis
                         "lambda_d": "",
                         "entropy": h,
                         "entropy_std": "",
-                        "rows": opts.model_windows * n * model_cfg.heads,
+                        "rows": windows * n * model_cfg.heads,
                     }
                 )
         if not found:
