@@ -50,7 +50,7 @@ class EntropyOptions:
     trials: int = 4
     seed: int = 0
     corpus: str | None = None  # text for (b); None: the corpus the checkpoints were trained on
-    model_tokens: int = 8192  # held-out tokens per length for (b): max(1, tokens // n) windows
+    model_tokens: int = 8192  # held-out tokens per length for (b), cut into windows of n
     log: Callable[[str], None] = lambda msg: None
 
 
@@ -200,8 +200,8 @@ def model_rows(cfg: ExtrapConfig, opts: EntropyOptions, notes: list[str]) -> lis
         model.eval()
         found = 0
         for n in lengths(opts.min_n, opts.max_n):
-            windows = max(1, opts.model_tokens // n)
-            if n * windows > heldout.numel():
+            windows = min(opts.model_tokens, heldout.numel()) // n
+            if windows < 1:
                 notes.append(f"n={n} skipped for {path.name}: the held-out text is too short")
                 break
             x = heldout[: n * windows].view(windows, n).long()  # (W, n)
