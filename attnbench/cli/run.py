@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from attnbench.cli import speed_cmd
+from attnbench.cli import extrapolate, speed_cmd
 from attnbench.cli.common import Group
 
 run_app = typer.Typer(
@@ -14,3 +14,5 @@ run_app = typer.Typer(
 )
 
 run_app.command("speed")(speed_cmd.speed)
+run_app.command("extrapolate")(extrapolate.extrapolate)
+run_app.command("entropy")(extrapolate.entropy)

@@ -1,1 +1,2 @@
-"""The suites: runners that turn a suite file (TOML, top-level ``suites/``) into tidy results."""
+"""The suites behind ``attnbench run``: runners that turn a suite file (TOML, top-level
+``suites/``) into tidy results."""

@@ -1,0 +1,219 @@
+"""``attnbench run extrapolate`` and ``attnbench run entropy`` (seed 003)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attnbench.cli.common import err, fail, out, parse_params
+
+INTERRUPTED = 130
+
+Preset = Annotated[
+    str,
+    typer.Option(
+        "--preset",
+        "-p",
+        help="Preset name (suites/extrapolate/NAME.toml: cpu, paper) or a TOML file.",
+    ),
+]
+
+
+def _overrides(**values) -> dict[str, object]:
+    """CLI options that were given (not None), as {"section.field": value}."""
+    return {k.replace("__", "."): v for k, v in values.items() if v is not None}
+
+
+def extrapolate(
+    preset: Preset = "cpu",
+    seeds: Annotated[int | None, typer.Option(help="Training seeds (0..N-1).")] = None,
+    seed_start: Annotated[int | None, typer.Option(help="First seed.")] = None,
+    variants: Annotated[
+        str | None,
+        typer.Option(
+            help="Trained variants, comma-separated: O, E, E-ln, preset \\[variants] tables or "
+            "registry names."
+        ),
+    ] = None,
+    impl: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Also train this registry mechanism (NAME or NAME:PATH; 'all': every "
+            "bidirectional one). Repeatable."
+        ),
+    ] = None,
+    param: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=VALUE parameter for the --impl mechanisms. Repeatable."),
+    ] = None,
+    eval_time: Annotated[
+        str | None,
+        typer.Option(
+            help="Eval-time rows on the trained O, comma-separated (logn, yarn-temp, "
+            "local, chunk, ntk, pi, rerope; compose with +, e.g. ntk+logn; 'none')."
+        ),
+    ] = None,
+    corpus: Annotated[
+        Path | None,
+        typer.Option(
+            help="A text file or a folder of .txt files (default: the shipped Shakespeare)."
+        ),
+    ] = None,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Output folder (default runs/extrapolate/PRESET).")
+    ] = None,
+    checkpoints: Annotated[
+        Path | None, typer.Option(help="Checkpoint folder (default OUT/checkpoints).")
+    ] = None,
+    resume: Annotated[bool, typer.Option(help="Continue the checkpoints in the folder.")] = False,
+    eval_only: Annotated[
+        bool, typer.Option(help="Only re-evaluate finished checkpoints (no training).")
+    ] = False,
+    overwrite: Annotated[bool, typer.Option(help="Retrain even if checkpoints exist.")] = False,
+    d_model: Annotated[int | None, typer.Option(help="Model width.")] = None,
+    layers: Annotated[int | None, typer.Option(help="Blocks.")] = None,
+    heads: Annotated[int | None, typer.Option(help="Attention heads.")] = None,
+    ffn_mult: Annotated[int | None, typer.Option(help="FFN width / d_model.")] = None,
+    train_len: Annotated[int | None, typer.Option(help="Training length L.")] = None,
+    batch: Annotated[int | None, typer.Option(help="Windows per training step.")] = None,
+    steps: Annotated[int | None, typer.Option(help="Training steps.")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak learning rate (AdamW).")] = None,
+    warmup: Annotated[int | None, typer.Option(help="Warm-up steps.")] = None,
+    mask_prob: Annotated[float | None, typer.Option(help="Masking probability.")] = None,
+    eval_lengths: Annotated[
+        str | None, typer.Option(help="Evaluation lengths, comma-separated.")
+    ] = None,
+    eval_tokens: Annotated[
+        int | None,
+        typer.Option(help="Held-out tokens evaluated at every length (cut into windows of n)."),
+    ] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads (0: all).")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N.")
+    ] = None,
+    ckpt_every: Annotated[int | None, typer.Option(help="Steps between checkpoints.")] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="Any setting as SECTION.FIELD=VALUE (e.g. train.min_lr_ratio=0.05). Repeatable.",
+        ),
+    ] = None,
+) -> None:
+    """Train a byte-level MLM encoder at one length and measure accuracy at longer ones.
+
+    Seed 003: Attention-O vs Attention-E (log_512 n), registry mechanisms, eval-time tricks.
+
+    Writes extrapolate.csv, extrapolate.json, table.md and accuracy_vs_length.png to --out.
+
+    Checkpoints per (variant, seed): --resume, --eval-only; Ctrl-C saves one.
+
+    Example: [bold]attnbench run extrapolate --seeds 3 --impl local --out results/x[/bold]
+    """
+    from attnbench.suites.extrapolate import RunOptions, run_extrapolate
+    from attnbench.suites.extrapolate_config import load_preset
+    from attnbench.suites.mlm_train import Interrupted
+
+    cfg = load_preset(preset)
+    values = _overrides(
+        run__seeds=seeds,
+        run__seed_start=seed_start,
+        run__variants=variants,
+        run__eval_time=eval_time,
+        run__corpus=str(corpus) if corpus is not None else None,
+        run__threads=threads,
+        run__device=device,
+        run__ckpt_every=ckpt_every,
+        model__d_model=d_model,
+        model__layers=layers,
+        model__heads=heads,
+        model__ffn_mult=ffn_mult,
+        model__train_len=train_len,
+        train__batch=batch,
+        train__steps=steps,
+        train__lr=lr,
+        train__warmup=warmup,
+        train__mask_prob=mask_prob,
+        eval__lengths=eval_lengths,
+        eval__tokens=eval_tokens,
+    )
+    for key, value in parse_params(set_).items():
+        values[key] = value
+    cfg = cfg.override(values)
+    if sum((resume, eval_only, overwrite)) > 1:
+        raise fail("--resume, --eval-only and --overwrite exclude each other")
+    opts = RunOptions(
+        out=out_dir or Path("runs") / "extrapolate" / cfg.preset,
+        checkpoints=checkpoints,
+        resume=resume,
+        eval_only=eval_only,
+        overwrite=overwrite,
+        impls=list(impl or []),
+        impl_params=parse_params(param),
+        log=lambda msg: err.print(msg, markup=False, highlight=False),
+    )
+    try:
+        result = run_extrapolate(cfg, opts)
+    except Interrupted as e:
+        typer.echo(
+            f"interrupted at step {e.step}/{e.total}; checkpoint {e.path}; continue with --resume",
+            err=True,
+        )
+        raise typer.Exit(INTERRUPTED) from None
+    out.print(result.table, markup=False, highlight=False)
+    err.print(f"wrote {result.out}", markup=False, highlight=False)
+
+
+def entropy(
+    preset: Preset = "cpu",
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Output folder (default runs/entropy/PRESET).")
+    ] = None,
+    checkpoints: Annotated[
+        Path | None,
+        typer.Option(
+            help="Checkpoints of `run extrapolate` (default "
+            "runs/extrapolate/PRESET/checkpoints); the trained part is skipped when none exist."
+        ),
+    ] = None,
+    min_n: Annotated[int, typer.Option(help="Shortest length (power of 2 steps).")] = 16,
+    max_n: Annotated[int, typer.Option(help="Longest length.")] = 4096,
+    dim: Annotated[int, typer.Option(help="Head dim d of the random q, k.")] = 64,
+    queries: Annotated[int, typer.Option(help="Random queries per length and trial.")] = 256,
+    trials: Annotated[int, typer.Option(help="Random draws per length.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the random q, k.")] = 0,
+    corpus: Annotated[
+        Path | None, typer.Option(help="Text for the trained models (default: as trained).")
+    ] = None,
+) -> None:
+    """Entropy of attention rows as n grows, for Attention-O and Attention-E.
+
+    (a) random q, k of norm sqrt(d); (b) inside the trained models, when checkpoints exist.
+
+    Fits H = log n - c*lambda*d + b (seed 003: c about 0.24) and reports dH/dlog n.
+
+    Writes entropy.csv, entropy.json and entropy.png.
+
+    Example: [bold]attnbench run entropy --max-n 1024[/bold]
+    """
+    from attnbench.suites.entropy import EntropyOptions, run_entropy
+    from attnbench.suites.extrapolate_config import load_preset
+
+    cfg = load_preset(preset)
+    opts = EntropyOptions(
+        out=out_dir or Path("runs") / "entropy" / cfg.preset,
+        checkpoints=checkpoints or Path("runs") / "extrapolate" / cfg.preset / "checkpoints",
+        min_n=min_n,
+        max_n=max_n,
+        dim=dim,
+        queries=queries,
+        trials=trials,
+        seed=seed,
+        corpus=str(corpus) if corpus is not None else None,
+        log=lambda msg: err.print(msg, markup=False, highlight=False),
+    )
+    result = run_entropy(cfg, opts)
+    out.print(result.text, markup=False, highlight=False)
+    err.print(f"wrote {result.out}", markup=False, highlight=False)

@@ -1,0 +1,188 @@
+"""A small bidirectional Transformer encoder for byte-level masked-language modelling.
+
+The extrapolation experiment of seed 003 (RoFormer small, MLM, trained at one length): token
+embedding, no absolute positions (rotary embedding inside every attention layer), ``layers``
+pre-norm blocks, a final LayerNorm and a 256-way byte classifier. Every attention mechanism comes
+from :func:`attnbench.layers.make_layer`, so any bidirectional registry mechanism trains in the
+same model with no edit. A mechanism whose record says ``whole_block=True`` (GAU, FLASH: the layer
+replaces attention + FFN) is stacked without an FFN, twice as many of them (seed 000: two GAU layers
+match one attention + FFN block in parameters, the FLASH paper's convention).
+
+Tokens ``[B, T]`` (byte ids 0..255, :data:`MASK_ID` for a masked position) -> hidden states
+``[B, T, C]``; :meth:`MLMEncoder.logits` maps selected hidden states ``[N, C]`` to ``[N, 256]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from attnbench import registry
+from attnbench.errors import AttnbenchError
+from attnbench.layers import Rotary, make_layer
+
+#: Byte values are their own ids; one extra id stands for a masked position.
+BYTES = 256
+MASK_ID = BYTES
+VOCAB = BYTES + 1
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The shape of the encoder (what a checkpoint must agree with)."""
+
+    d_model: int = 128  # width C of the residual stream
+    layers: int = 2  # blocks
+    heads: int = 2  # attention heads; head dim = d_model / heads
+    ffn_mult: int = 4  # FFN hidden width = ffn_mult * d_model (GELU)
+    train_len: int = 64  # L: the one length the model is trained at
+    rope_base: float = 10000.0  # rotary base
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.heads
+
+    def check(self) -> None:
+        for name in ("d_model", "layers", "heads", "ffn_mult", "train_len"):
+            if getattr(self, name) < 1:
+                raise AttnbenchError(f"invalid {name}={getattr(self, name)}; accepted: >= 1")
+        if self.d_model % self.heads:
+            raise AttnbenchError(
+                f"d_model={self.d_model} is not divisible by heads={self.heads}; "
+                "accepted: heads dividing d_model"
+            )
+        if self.head_dim % 2:
+            raise AttnbenchError(
+                f"head dim d_model/heads = {self.head_dim} is odd; rotary needs an even head dim"
+            )
+
+
+@dataclass(frozen=True)
+class MixerSpec:
+    """Which mechanism mixes tokens in every block: registry name, path, parameters."""
+
+    mechanism: str
+    path: str | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def plain(self) -> dict[str, Any]:
+        return asdict(self) | {"params": dict(self.params)}
+
+
+#: A factory for one block's token mixer: (config, block index) -> module [B, T, C] -> [B, T, C].
+MixerFactory = Callable[[ModelConfig, int], nn.Module]
+
+
+def registry_mixer(spec: MixerSpec) -> MixerFactory:
+    """Mixers built by :func:`make_layer` from a registry mechanism, with rotary embedding."""
+    mech = registry.get(spec.mechanism)
+    if not mech.bidirectional:
+        raise AttnbenchError(
+            f"{mech.name} is causal only; the extrapolation model is a bidirectional encoder"
+        )
+
+    def build(cfg: ModelConfig, index: int) -> nn.Module:
+        rope = Rotary(cfg.head_dim, base=cfg.rope_base)
+        return make_layer(
+            mech,
+            cfg.d_model,
+            cfg.heads,
+            causal=False,
+            path=spec.path,
+            params=dict(spec.params),
+            rope=rope,
+            max_len=cfg.train_len,
+        )
+
+    return build
+
+
+def is_whole_block(spec: MixerSpec) -> bool:
+    """Whether the mechanism's layer replaces attention + FFN (GAU, FLASH)."""
+    return bool(getattr(registry.get(spec.mechanism), "whole_block", False))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.up = nn.Linear(d_model, hidden)
+        self.down = nn.Linear(hidden, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(x)))  # (B, T, C)
+
+
+class Block(nn.Module):
+    """Pre-norm block: x + mixer(norm(x)), then x + ffn(norm(x)) unless the mixer is whole."""
+
+    def __init__(self, cfg: ModelConfig, mixer: nn.Module, with_ffn: bool):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.d_model)
+        self.mixer = mixer
+        self.norm2 = nn.LayerNorm(cfg.d_model) if with_ffn else None
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_mult * cfg.d_model) if with_ffn else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.mixer(self.norm1(x))  # (B, T, C)
+        if self.ffn is not None:
+            x = x + self.ffn(self.norm2(x))  # (B, T, C)
+        return x
+
+
+class MLMEncoder(nn.Module):
+    """Byte-level bidirectional encoder; see the module docstring. ``blocks`` defaults to
+    ``cfg.layers``."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        mixer: MixerFactory,
+        *,
+        with_ffn: bool = True,
+        blocks: int | None = None,
+    ):
+        super().__init__()
+        cfg.check()
+        self.cfg = cfg
+        self.embed = nn.Embedding(VOCAB, cfg.d_model)
+        count = cfg.layers if blocks is None else blocks
+        self.blocks = nn.ModuleList(Block(cfg, mixer(cfg, i), with_ffn) for i in range(count))
+        self.norm = nn.LayerNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, BYTES)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens [B, T] (long) -> hidden states [B, T, C]."""
+        x = self.embed(tokens)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        return self.norm(x)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """hidden [..., C] -> byte logits [..., 256] (only for the positions that need them)."""
+        return self.head(hidden)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def init_weights(model: nn.Module, std: float = 0.02) -> None:
+    """GPT-2 style: N(0, std) for every Linear and Embedding weight, zero biases. Parameters a
+    mechanism keeps outside Linear layers (learned biases, gates) keep their own init."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=std)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+
+def build_model(cfg: ModelConfig, spec: MixerSpec) -> MLMEncoder:
+    """The encoder with ``spec``'s mechanism in every block (initialised, not trained)."""
+    whole = is_whole_block(spec)
+    blocks = 2 * cfg.layers if whole else cfg.layers
+    model = MLMEncoder(cfg, registry_mixer(spec), with_ffn=not whole, blocks=blocks)
+    init_weights(model)
+    return model

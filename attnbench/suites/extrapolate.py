@@ -1,0 +1,487 @@
+"""``attnbench run extrapolate``: train at one length, evaluate at longer ones (seed 003).
+
+For every seed and every trained variant: build the encoder (:mod:`attnbench.models.mlm`), train
+it at L (:mod:`attnbench.suites.mlm_train`, checkpointed), evaluate masked-token accuracy at every
+evaluation length on the same held-out span with the same masks (:mod:`attnbench.suites.mlm_eval`).
+The trained O model is also evaluated with each evaluation-time trick
+(:mod:`attnbench.models.tricks`) loaded into the same weights. Results: one tidy CSV row per
+(variant, seed, length), a JSON sidecar, a Markdown table (mean ± std over seeds, the seed's
+published rows beside ours) and a figure.
+
+What silently breaks such experiments, and what this module does about it (FIELD-NOTES): n is the
+real length (no padding exists); the scaling lives in the mechanism, so training and evaluation
+use the same code; one held-out stream, contiguous windows, masks fixed by a seed; a length guard
+at every layer; several seeds; the chunk-L floor as a row.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import attnbench
+from attnbench.data import load_corpus
+from attnbench.errors import AttnbenchError
+from attnbench.models.mlm import MLMEncoder, build_model
+from attnbench.models.tricks import TrickMixer
+from attnbench.suites import extrapolate_report as report
+from attnbench.suites.extrapolate_config import (
+    EvalTimeVariant,
+    ExtrapConfig,
+    TrainedVariant,
+    resolve_eval_time,
+    resolve_variants,
+    spec_json,
+)
+from attnbench.suites.mlm_eval import EvalStream, evaluate, make_eval_stream
+from attnbench.suites.mlm_train import check_key, load_checkpoint, train
+from attnbench.suites.progress import TrainProgress, default_progress
+
+MASKING = (
+    "each position replaced by the [MASK] id independently with probability {p} (training and "
+    "evaluation alike); loss and accuracy over masked positions only; evaluation masks drawn once "
+    "over the held-out span (seed {seed}), the same for every variant, seed and length"
+)
+
+CSV_NAME, SIDECAR_NAME, TABLE_NAME, FIGURE_NAME = (
+    "extrapolate.csv",
+    "extrapolate.json",
+    "table.md",
+    "accuracy_vs_length.png",
+)
+
+
+@dataclass
+class RunOptions:
+    out: Path
+    checkpoints: Path | None = None  # default: out / "checkpoints"
+    resume: bool = False
+    eval_only: bool = False
+    overwrite: bool = False
+    impls: list[str] = field(default_factory=list)
+    impl_params: dict[str, str] = field(default_factory=dict)
+    argv: list[str] = field(default_factory=lambda: list(sys.argv))
+    progress: Callable[[], TrainProgress] = default_progress
+    log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
+    #: Called after every training step with (variant, seed, step): tests interrupt through it.
+    on_step: Callable[[str, int, int], None] | None = None
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.checkpoints or self.out / "checkpoints"
+
+
+@dataclass
+class RunResult:
+    rows: list[dict[str, Any]]
+    out: Path
+    table: str
+    notes: list[str]
+
+
+def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus_sha: str) -> dict:
+    """Everything that changes the trained weights (and nothing that only changes evaluation)."""
+    from dataclasses import asdict
+
+    return {
+        "model": asdict(cfg.model),
+        "train": asdict(cfg.train),
+        "mixer": variant.spec.plain(),
+        "seed": seed,
+        "corpus_sha256": corpus_sha,
+        "holdout": cfg.run.holdout,
+    }
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto``: the GPU when there is one, else the CPU; an unavailable device is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise AttnbenchError(f"device {name!r} is not available here; accepted: auto, cpu")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise AttnbenchError(f"device {name!r} is not available here; accepted: auto, cpu")
+    return device
+
+
+def _threads(cfg: ExtrapConfig) -> int:
+    if cfg.run.threads:
+        return cfg.run.threads
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def git_info() -> dict[str, Any]:
+    root = Path(attnbench.__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return {"sha": None, "dirty": None}
+    if sha.returncode:
+        return {"sha": None, "dirty": None}
+    return {"sha": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+
+
+def versions() -> dict[str, str]:
+    import numpy
+
+    return {
+        "attnbench": attnbench.__version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+    }
+
+
+class Plan:
+    """Which (variant, seed) to train, resume or only evaluate, decided before any work."""
+
+    def __init__(self, cfg, variants, seeds, corpus_sha, opts: RunOptions):
+        self.entries: list[tuple[TrainedVariant, int, Path, dict, dict | None]] = []
+        existing = []
+        for seed in seeds:
+            for v in variants:
+                path = opts.ckpt_dir / f"{v.file_stem}-seed{seed}.pt"
+                key = checkpoint_key(cfg, v, seed, corpus_sha)
+                ckpt = None
+                if path.exists() and not opts.overwrite:
+                    ckpt = load_checkpoint(path)
+                    existing.append(path)
+                    if opts.resume or opts.eval_only:
+                        check_key(ckpt, key, path)
+                if opts.eval_only:
+                    if ckpt is None:
+                        raise AttnbenchError(
+                            f"--eval-only: no checkpoint for {v.label} seed {seed} at {path}; "
+                            "train it first (run without --eval-only)"
+                        )
+                    if not ckpt["done"]:
+                        raise AttnbenchError(
+                            f"--eval-only: checkpoint {path} is unfinished (step {ckpt['step']}/"
+                            f"{cfg.train.steps}); continue it with --resume"
+                        )
+                self.entries.append((v, seed, path, key, ckpt))
+        if existing and not (opts.resume or opts.eval_only):
+            names = ", ".join(p.name for p in existing[:3]) + (" ..." if len(existing) > 3 else "")
+            raise AttnbenchError(
+                f"checkpoints already exist in {opts.ckpt_dir} ({names}); pass --resume to "
+                "continue them, --eval-only to re-evaluate them, or --overwrite to start over"
+            )
+
+
+def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
+    """Train (or resume, or load) every variant and seed, evaluate, write the outputs."""
+    cfg.check()
+    started = dt.datetime.now(dt.timezone.utc)
+    corpus = load_corpus(cfg.run.corpus or None)
+    train_stream, heldout = corpus.split(cfg.run.holdout)
+    if train_stream.numel() < cfg.model.train_len:
+        raise AttnbenchError(
+            f"corpus too short: training needs at least train_len={cfg.model.train_len} tokens, "
+            f"the training part has {train_stream.numel()}"
+        )
+    stream = make_eval_stream(
+        heldout, cfg.eval.lengths, cfg.eval.tokens, cfg.train.mask_prob, cfg.eval.seed
+    )
+    variants, notes = resolve_variants(cfg, opts.impls, opts.impl_params)
+    eval_rows, more = resolve_eval_time(cfg, variants)
+    notes += more
+    for note in notes:
+        opts.log(f"note: {note}")
+    for v in variants:  # build each model once now: a bad layer fails before any training
+        torch.manual_seed(0)
+        build_model(cfg.model, v.spec)
+    seeds = list(range(cfg.run.seed_start, cfg.run.seed_start + cfg.run.seeds))
+    device = resolve_device(cfg.run.device)
+    plan = Plan(cfg, variants, seeds, corpus.sha256, opts)
+
+    opts.out.mkdir(parents=True, exist_ok=True)
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(_threads(cfg))
+    rows: list[dict[str, Any]] = []
+    trainings: list[dict[str, Any]] = []
+    try:
+        for v, seed, path, key, ckpt in plan.entries:
+            ckpt, info = _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device)
+            trainings.append(info)
+            rows += _evaluate_trained(cfg, opts, v, seed, ckpt, stream, device)
+            if v.label == "O":
+                for ev in eval_rows:
+                    rows += _evaluate_eval_time(cfg, opts, ev, seed, ckpt, stream, device)
+            report.write_csv(rows, opts.out / CSV_NAME)
+    finally:
+        torch.set_num_threads(old_threads)
+
+    lengths = list(cfg.eval.lengths)
+    summary = report.summarise(rows)
+    title = (
+        f"MLM accuracy (%) vs length, trained at L={cfg.model.train_len}, preset {cfg.preset}, "
+        f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}"
+    )
+    command = " ".join(["attnbench", *opts.argv[1:]]) if opts.argv else "attnbench"
+    table_md = _table_markdown(cfg, rows, summary, lengths, title, command, stream)
+    (opts.out / TABLE_NAME).write_text(table_md)
+    report.figure(summary, lengths, cfg.model.train_len, opts.out / FIGURE_NAME, title)
+    sidecar = {
+        "suite": "extrapolate",
+        "command": command,
+        "argv": opts.argv,
+        "started": started.isoformat(),
+        "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "config": cfg.plain(),
+        "corpus": corpus.describe()
+        | {"train_tokens": int(train_stream.numel()), "heldout_tokens": int(heldout.numel())},
+        "evaluation": {
+            "span_tokens": stream.size,
+            "span_masked": int(stream.mask.sum()),
+            "masking": MASKING.format(p=cfg.train.mask_prob, seed=cfg.eval.seed),
+            "windows": {str(n): stream.size // n for n in lengths},
+            "entropy": f"mean attention-row entropy (nats) per layer over the first "
+            f"{cfg.eval.entropy_tokens} tokens of the span (at least one window)",
+        },
+        "variants": [{"label": v.label, **v.spec.plain(), "kind": "trained"} for v in variants]
+        + [
+            {
+                "label": e.label,
+                "kind": "eval-time",
+                "applied_to": e.base,
+                "tricks": e.tricks.describe(),
+            }
+            for e in eval_rows
+        ],
+        "seeds": seeds,
+        "trainings": trainings,
+        "threads": _threads(cfg),
+        "device": str(device),
+        "versions": versions(),
+        "git": git_info(),
+        "notes": notes,
+        "outputs": [CSV_NAME, TABLE_NAME, FIGURE_NAME],
+    }
+    (opts.out / SIDECAR_NAME).write_text(json.dumps(sidecar, indent=1, default=str) + "\n")
+    return RunResult(rows, opts.out, table_md, notes)
+
+
+def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStream) -> str:
+    diff = report.paired_difference(rows)
+    masked = {n: int(stream.windows(n)[1].sum()) for n in lengths}
+    return "\n".join(
+        [
+            f"# {title}",
+            "",
+            f"Made by: `{command}`",
+            "",
+            "Masked-token accuracy (%), mean ± std over seeds. Eval-time rows reuse the trained O "
+            "weights. The seed's rows are its published numbers (other data and model): compare "
+            "shapes, not levels.",
+            "",
+            report.markdown_table(summary, lengths),
+            "",
+            "Difference to O, paired by seed (points):",
+            "",
+            report.markdown_difference(diff, lengths),
+            "",
+            *(
+                ["The seed's shape, on the mean over seeds of E − O:", "", *checks, ""]
+                if (checks := report.shape_checks(diff))
+                else []
+            ),
+            "Training wall time per variant (this machine, threads as in the sidecar):",
+            "",
+            *report.training_times(rows),
+            "",
+            "Masking: " + MASKING.format(p=cfg.train.mask_prob, seed=cfg.eval.seed) + ".",
+            "",
+            "Masked tokens evaluated per length: "
+            + ", ".join(f"n={n}: {masked[n]:,}" for n in lengths)
+            + f" (one held-out span of {stream.size:,} tokens, the same for every row).",
+            "",
+        ]
+    )
+
+
+def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device):
+    """Train (from scratch or from ``ckpt``) unless ``ckpt`` is finished; returns the finished
+    checkpoint and a summary for the sidecar."""
+    if ckpt is not None and ckpt["done"]:
+        opts.log(f"{v.label} seed {seed}: trained ({ckpt['step']} steps), loading {path}")
+    else:
+        if opts.eval_only:  # Plan rules this out; kept as a guard
+            raise AttnbenchError(f"{path} is not finished")
+        torch.manual_seed(seed)
+        random.seed(seed)
+        model = build_model(cfg.model, v.spec).to(device)
+        hook = None
+        if opts.on_step is not None:
+
+            def hook(step: int, label=v.label) -> None:
+                opts.on_step(label, seed, step)
+
+        outcome = train(
+            model,
+            train_stream,
+            cfg.train,
+            train_len=cfg.model.train_len,
+            seed=seed,
+            path=path,
+            key=key,
+            ckpt_every=cfg.run.ckpt_every,
+            resume=ckpt if opts.resume else None,
+            progress=opts.progress(),
+            title=f"{v.label} seed {seed}",
+            on_step=hook,
+        )
+        opts.log(
+            f"{v.label} seed {seed}: trained {outcome.steps} steps in {outcome.train_time_s:.0f}s"
+            f" ({outcome.tokens_per_s:,.0f} tok/s), final loss {outcome.final_loss:.3f}"
+        )
+        ckpt = load_checkpoint(path)
+    steps = max(1, ckpt["step"])
+    info = {
+        "variant": v.label,
+        "seed": seed,
+        "steps": ckpt["step"],
+        "train_time_s": round(ckpt["train_time_s"], 2),
+        "ms_per_step": round(1000 * ckpt["train_time_s"] / steps, 1),
+        "final_loss": ckpt["final_loss"],
+        "model_params": build_model(cfg.model, v.spec).num_params(),
+        "checkpoint": str(path),
+    }
+    return ckpt, info
+
+
+def _row(cfg, label, kind, seed, res, ckpt, **extra) -> dict[str, Any]:
+    row = {
+        "variant": label,
+        "kind": kind,
+        "seed": seed,
+        "train_len": cfg.model.train_len,
+        "eval_len": res.n,
+        "accuracy": res.accuracy,
+        "loss": res.loss,
+        "masked_tokens": res.masked,
+        "windows": res.windows,
+        "eval_tokens": res.tokens,
+        "train_time_s": round(ckpt["train_time_s"], 2),
+        "train_steps": ckpt["step"],
+        "eval_time_s": round(res.seconds, 3),
+        "status": "ok",
+        "reason": "",
+        **extra,
+    }
+    for i, h in enumerate(res.entropy):
+        row[f"entropy_l{i}"] = h
+    return row
+
+
+def _failed_row(cfg, label, kind, seed, n, ckpt, reason, **extra) -> dict[str, Any]:
+    return {
+        "variant": label,
+        "kind": kind,
+        "seed": seed,
+        "train_len": cfg.model.train_len,
+        "eval_len": n,
+        "train_time_s": round(ckpt["train_time_s"], 2),
+        "train_steps": ckpt["step"],
+        "status": "error",
+        "reason": reason,
+        **extra,
+    }
+
+
+def _eval_all(cfg, opts, model, label, kind, seed, ckpt, stream, chunk=None, **extra):
+    extra["model_params"] = model.num_params()
+    rows = []
+    for n in cfg.eval.lengths:
+        try:
+            res = evaluate(
+                model,
+                stream,
+                n,
+                chunk=chunk,
+                batch_tokens=cfg.eval.batch_tokens,
+                entropy_tokens=cfg.eval.entropy_tokens,
+            )
+        except (AttnbenchError, RuntimeError) as e:  # a mechanism that cannot run at this n
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            opts.log(f"{label} seed {seed} n={n}: {reason}")
+            rows.append(_failed_row(cfg, label, kind, seed, n, ckpt, reason, **extra))
+            continue
+        rows.append(_row(cfg, label, kind, seed, res, ckpt, **extra))
+    accs = " ".join(f"{r['accuracy']:.1f}" if r["status"] == "ok" else "err" for r in rows)
+    opts.log(f"  {label:<14} seed {seed}: accuracy {accs}")
+    return rows
+
+
+def _evaluate_trained(cfg, opts, v: TrainedVariant, seed, ckpt, stream, device) -> list[dict]:
+    model = build_model(cfg.model, v.spec)
+    model.load_state_dict(ckpt["model"])
+    model.to(device)
+    return _eval_all(
+        cfg,
+        opts,
+        model,
+        v.label,
+        "trained",
+        seed,
+        ckpt,
+        stream,
+        applied_to="",
+        mechanism=v.spec.mechanism,
+        path=v.spec.path or "",
+        params=spec_json(v.spec),
+        note="",
+    )
+
+
+def _evaluate_eval_time(cfg, opts, ev: EvalTimeVariant, seed, ckpt, stream, device) -> list[dict]:
+    tricks = ev.tricks
+    model = MLMEncoder(
+        cfg.model,
+        lambda c, i: TrickMixer(c.d_model, c.heads, tricks, rope_base=c.rope_base),
+    )
+    model.load_state_dict(ckpt["model"])  # strict: the O weights, unchanged
+    model.to(device)
+    return _eval_all(
+        cfg,
+        opts,
+        model,
+        ev.label,
+        "eval-time",
+        seed,
+        ckpt,
+        stream,
+        chunk=cfg.model.train_len if tricks.chunk else None,
+        applied_to=ev.base,
+        mechanism="softmax",
+        path="dense (eval-time)",
+        params="",
+        note=tricks.describe(),
+    )

@@ -1,0 +1,278 @@
+"""The extrapolation suite's outputs: tidy CSV, summary table (mean +- std over seeds), figure.
+
+The seed's published rows (seed 003: RoFormer small, trained at 64, its own data) are printed
+beside ours, labelled as the seed's; their numbers are not comparable in level (other data,
+tokenizer and model), only in shape.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+#: Seed 003's table: MLM accuracy (%) of RoFormer small trained at n = 64.
+PUBLISHED: dict[str, dict[int, float]] = {
+    "seed 003: Attention-O": {64: 43.27, 128: 36.53, 256: 23.02, 512: 15.12, 1024: 11.54},
+    "seed 003: Attention-E": {64: 43.11, 128: 41.17, 256: 34.04, 512: 20.15, 1024: 13.58},
+}
+
+BASE_COLUMNS = [
+    "variant",
+    "kind",
+    "applied_to",
+    "mechanism",
+    "path",
+    "params",
+    "note",
+    "seed",
+    "train_len",
+    "eval_len",
+    "accuracy",
+    "loss",
+    "masked_tokens",
+    "windows",
+    "eval_tokens",
+]
+TAIL_COLUMNS = ["model_params", "train_time_s", "train_steps", "eval_time_s", "status", "reason"]
+
+
+def columns(layers: int) -> list[str]:
+    return BASE_COLUMNS + [f"entropy_l{i}" for i in range(layers)] + TAIL_COLUMNS
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """One row per (variant, seed, length); entropy columns for the deepest model's blocks."""
+    layers = max(
+        (int(k[len("entropy_l") :]) + 1 for r in rows for k in r if k.startswith("entropy_l")),
+        default=0,
+    )
+    cols = columns(layers)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=cols, extrasaction="raise")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({c: _cell(row.get(c)) for c in cols})
+    tmp.replace(path)
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return "" if math.isnan(value) else round(value, 6)
+    return value
+
+
+def summarise(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
+    """Mean, std (over seeds, ddof 1) and seed count of accuracy per (variant, kind, eval_len),
+    in the order the variants first appear; failed cells count in ``failed``."""
+    df = pd.DataFrame(rows)
+    order = list(dict.fromkeys(df["variant"]))
+    ok = df[df["status"] == "ok"]
+    agg = (
+        ok.groupby(["variant", "kind", "eval_len"], sort=False)["accuracy"]
+        .agg(["mean", "std", "count"])
+        .reset_index()
+    )
+    failed = (
+        df[df["status"] != "ok"].groupby(["variant", "eval_len"]).size().rename("failed")
+    ).reset_index()
+    agg = agg.merge(failed, on=["variant", "eval_len"], how="outer")
+    agg["failed"] = agg["failed"].fillna(0).astype(int)
+    agg["kind"] = agg["variant"].map(dict(zip(df["variant"], df["kind"], strict=False)))
+    agg["rank"] = agg["variant"].map({v: i for i, v in enumerate(order)})
+    return agg.sort_values(["rank", "eval_len"]).drop(columns="rank").reset_index(drop=True)
+
+
+def paired_difference(rows: Sequence[dict[str, Any]], base: str = "O") -> pd.DataFrame:
+    """Mean and std over seeds of (variant - base) accuracy, paired by seed and length."""
+    df = pd.DataFrame(rows)
+    df = df[df["status"] == "ok"]
+    ref = df[df["variant"] == base][["seed", "eval_len", "accuracy"]].rename(
+        columns={"accuracy": "ref"}
+    )
+    joined = df.merge(ref, on=["seed", "eval_len"])
+    joined["diff"] = joined["accuracy"] - joined["ref"]
+    order = {v: i for i, v in enumerate(dict.fromkeys(df["variant"]))}
+    out = (
+        joined.groupby(["variant", "eval_len"], sort=False)["diff"]
+        .agg(["mean", "std", "count"])
+        .reset_index()
+    )
+    out["rank"] = out["variant"].map(order)
+    return out.sort_values(["rank", "eval_len"]).drop(columns="rank").reset_index(drop=True)
+
+
+def _fmt(mean: float, std: float, count: int) -> str:
+    if count == 0 or math.isnan(mean):
+        return "-"
+    if count == 1 or math.isnan(std):
+        return f"{mean:.2f}"
+    return f"{mean:.2f} ± {std:.2f}"
+
+
+def table_cells(summary: pd.DataFrame, lengths: Sequence[int]) -> list[tuple[str, str, list[str]]]:
+    """(variant, kind, [cell per length]) rows of the summary, then the published rows."""
+    out = []
+    for variant, group in summary.groupby("variant", sort=False):
+        by_n = {int(r.eval_len): r for r in group.itertuples()}
+        cells = []
+        for n in lengths:
+            r = by_n.get(n)
+            if r is None:
+                cells.append("-")
+            elif r.count == 0 or pd.isna(r.mean):
+                cells.append(f"failed ({int(r.failed)})")
+            else:
+                cells.append(_fmt(r.mean, r.std, int(r.count)))
+        out.append((variant, str(group["kind"].iloc[0]), cells))
+    for name, values in PUBLISHED.items():
+        out.append((name, "published", [_pub(values, n) for n in lengths]))
+    return out
+
+
+def _pub(values: dict[int, float], n: int) -> str:
+    return f"{values[n]:.2f}" if n in values else "-"
+
+
+def markdown_table(summary: pd.DataFrame, lengths: Sequence[int]) -> str:
+    head = "| variant | kind | " + " | ".join(f"n={n}" for n in lengths) + " |"
+    sep = "|---|---|" + "---:|" * len(lengths)
+    lines = [head, sep]
+    for variant, kind, cells in table_cells(summary, lengths):
+        lines.append(f"| {variant} | {kind} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def markdown_difference(diff: pd.DataFrame, lengths: Sequence[int], base: str = "O") -> str:
+    head = f"| variant − {base} | " + " | ".join(f"n={n}" for n in lengths) + " |"
+    lines = [head, "|---|" + "---:|" * len(lengths)]
+    for variant, group in diff.groupby("variant", sort=False):
+        if variant == base:
+            continue
+        by_n = {int(r.eval_len): r for r in group.itertuples()}
+        cells = []
+        for n in lengths:
+            r = by_n.get(n)
+            cells.append("-" if r is None else _signed(r.mean, r.std, int(r.count)))
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+#: The issue's reading of the seed's shape, on the mean over seeds of E - O (points):
+#: (length, test, threshold, words).
+SHAPE_CHECKS = (
+    (64, "abs<=", 1.5, "|E − O| ≤ 1.5 at n = 64 (equal at the training length)"),
+    (128, ">=", -0.5, "E − O ≥ −0.5 at n = 128"),
+    (256, ">=", 3.0, "E − O ≥ 3 at n = 256"),
+    (512, ">=", 3.0, "E − O ≥ 3 at n = 512"),
+    (1024, ">=", 0.0, "E ≥ O at n = 1024"),
+)
+
+
+def shape_checks(diff: pd.DataFrame, variant: str = "E") -> list[str]:
+    """Markdown bullet lines: does ``variant`` − O meet the seed's shape at each length?"""
+    rows = diff[diff["variant"] == variant].set_index("eval_len")["mean"]
+    lines = []
+    for n, test, threshold, words in SHAPE_CHECKS:
+        if n not in rows.index:
+            continue
+        value = float(rows[n])
+        ok = abs(value) <= threshold if test == "abs<=" else value >= threshold
+        lines.append(f"- {words}: {'yes' if ok else 'no'} ({value:+.2f})")
+    return lines
+
+
+def training_times(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown bullet lines: training wall time per trained variant (mean over seeds)."""
+    df = pd.DataFrame(rows)
+    df = df[df["kind"] == "trained"].drop_duplicates(["variant", "seed"])
+    out = []
+    for variant, g in df.groupby("variant", sort=False):
+        minutes = g["train_time_s"].astype(float) / 60
+        out.append(
+            f"- {variant}: {minutes.mean():.1f} min a seed ({len(g)} seed"
+            f"{'s' if len(g) > 1 else ''}, {int(g['train_steps'].iloc[0])} steps)"
+        )
+    return out
+
+
+def _signed(mean: float, std: float, count: int) -> str:
+    if count > 1 and not math.isnan(std):
+        return f"{mean:+.2f} ± {std:.2f}"
+    return f"{mean:+.2f}"
+
+
+def figure(
+    summary: pd.DataFrame, lengths: Sequence[int], train_len: int, path: Path, title: str
+) -> None:
+    """Accuracy vs evaluation length, log2 x axis, one line per variant, std error bars over seeds.
+
+    Left: the trained variants and the seed's published rows (dotted; other data, compare shapes).
+    Right (when there are eval-time rows): the tricks applied to the trained O model, with O and E
+    for reference.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kinds = dict(zip(summary["variant"], summary["kind"], strict=False))
+    trained = [v for v in dict.fromkeys(summary["variant"]) if kinds[v] == "trained"]
+    tricks = [v for v in dict.fromkeys(summary["variant"]) if kinds[v] != "trained"]
+    panels = [(f"trained at L = {train_len}", trained, True)]
+    if tricks:
+        ref = [v for v in ("O", "E") if v in trained]
+        panels.append(("evaluation-time tricks on the trained O", ref + tricks, False))
+    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 5.2), squeeze=False)
+    colours = plt.get_cmap("tab20").colors
+    colour = {v: colours[(2 * i) % 20 + (2 * i // 20) % 2] for i, v in enumerate(kinds)}
+    for ax, (name, variants, published) in zip(axes[0], panels, strict=True):
+        for variant in variants:
+            g = summary[summary["variant"] == variant].dropna(subset=["mean"])
+            g = g.sort_values("eval_len")
+            if g.empty:
+                continue
+            kind = kinds[variant]
+            ax.errorbar(
+                g["eval_len"],
+                g["mean"],
+                yerr=g["std"].fillna(0.0),
+                label=variant if kind == "trained" else f"{variant} (eval-time)",
+                color=colour[variant],
+                linestyle="-" if kind == "trained" else "--",
+                marker="o" if kind == "trained" else "s",
+                markersize=4,
+                capsize=3,
+                linewidth=2.2 if variant in ("O", "E") else 1.3,
+            )
+        if published:
+            for pname, values in PUBLISHED.items():
+                xs = [n for n in lengths if n in values]
+                ax.plot(
+                    xs,
+                    [values[n] for n in xs],
+                    linestyle=":",
+                    color="grey" if pname.endswith("O") else "black",
+                    marker=".",
+                    label=f"{pname} (published, other data)",
+                )
+        ax.axvline(train_len, color="grey", linewidth=0.8, alpha=0.6)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(lengths))
+        ax.set_xticklabels([str(n) for n in lengths])
+        ax.set_xlabel(f"evaluation length n (trained at L = {train_len})")
+        ax.set_ylabel("masked-token accuracy (%)")
+        ax.set_title(name, fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

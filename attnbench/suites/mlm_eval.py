@@ -1,0 +1,288 @@
+"""Evaluating the MLM encoder at other lengths: one held-out stream, the same masks for everyone.
+
+The evaluation span is the first ``tokens`` tokens of the held-out stream, whatever the lengths
+(adding a length never changes the other lengths' numbers). Its masked positions are drawn once
+(each position with probability ``mask_prob``, generator seeded by ``eval_seed``), so every
+variant, every training seed and every length n sees the same text with the same positions
+masked. At length n the span is cut into ``span // n`` contiguous windows of
+exactly n tokens (never padded, never tiled; with n not dividing the span, the tail is left out and
+the row says how many tokens were evaluated).
+
+:class:`LengthGuard` checks, at every block's mixer, that the sequences reaching the model really
+have the length being evaluated (no silent truncation anywhere). :class:`EntropyProbe` measures the
+mean entropy of attention rows per layer, for any mixer whose operator is q, k, v -> A v with A
+row-stochastic: A is read off as the operator's output for v = the identity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnbench.errors import AttnbenchError
+from attnbench.layers import AttentionMixer
+from attnbench.models.mlm import MASK_ID
+from attnbench.models.tricks import TrickMixer
+
+#: A row counts as a probability distribution when its entries are >= -ROW_TOL and sum to 1 +-.
+ROW_TOL = 1e-3
+
+
+class LengthCheckError(AssertionError):
+    """What reached the model does not have the length being evaluated (a bug, not bad input)."""
+
+
+@dataclass(frozen=True)
+class EvalStream:
+    """The evaluation span: tokens [S] (uint8) and its fixed mask [S] (bool)."""
+
+    tokens: Tensor
+    mask: Tensor
+    offset: int = 0  # where the span starts in the held-out stream
+
+    @property
+    def size(self) -> int:
+        return self.tokens.numel()
+
+    def windows(self, n: int) -> tuple[Tensor, Tensor]:
+        """Contiguous windows of exactly n tokens: (tokens [W, n] long, mask [W, n] bool)."""
+        if n < 1:
+            raise AttnbenchError(f"invalid evaluation length {n}; accepted: an integer >= 1")
+        w = self.size // n
+        if w < 1:
+            raise AttnbenchError(f"evaluation span of {self.size} tokens is shorter than n={n}")
+        toks = self.tokens[: w * n].view(w, n).long()  # (W, n)
+        return toks, self.mask[: w * n].view(w, n)
+
+
+def make_eval_stream(
+    heldout: Tensor, lengths: tuple[int, ...], tokens: int, mask_prob: float, seed: int
+) -> EvalStream:
+    """The first ``tokens`` held-out tokens and their mask, the same whatever the lengths;
+    errors say how many tokens are needed and how many there are."""
+    bad = [n for n in lengths if n < 1]
+    if not lengths or bad:
+        raise AttnbenchError(f"invalid evaluation lengths {list(lengths)}; accepted: integers >= 1")
+    longest = max(lengths)
+    if tokens < longest:
+        raise AttnbenchError(
+            f"the evaluation span of {tokens:,} tokens is shorter than the longest evaluation "
+            f"length {longest:,}; accepted: --eval-tokens >= {longest:,}"
+        )
+    have = heldout.numel()
+    if tokens > have:
+        raise AttnbenchError(
+            f"corpus too short: evaluating {tokens:,} tokens ({tokens // longest} windows of the "
+            f"longest length {longest:,}) needs {tokens:,} held-out tokens, the held-out part "
+            f"has {have:,}; use a larger corpus or fewer --eval-tokens"
+        )
+    gen = torch.Generator().manual_seed(seed)
+    mask = torch.rand(tokens, generator=gen) < mask_prob  # (S,)
+    return EvalStream(heldout[:tokens].clone(), mask)
+
+
+@dataclass
+class EvalResult:
+    n: int
+    windows: int
+    tokens: int
+    masked: int
+    correct: int
+    loss_sum: float
+    entropy: list[float | None] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def accuracy(self) -> float:
+        return 100.0 * self.correct / max(1, self.masked)
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(1, self.masked)
+
+
+def mixers(model: nn.Module) -> list[nn.Module]:
+    return [block.mixer for block in model.blocks]
+
+
+class LengthGuard:
+    """Records the sequence length reaching every block's mixer during a forward pass."""
+
+    def __init__(self, model: nn.Module):
+        self.model, self.seen, self._handles = model, [], []
+
+    def __enter__(self) -> LengthGuard:
+        for i, m in enumerate(mixers(self.model)):
+            self._handles.append(
+                m.register_forward_pre_hook(lambda mod, args, i=i: self.seen.append((i, args[0])))
+            )
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+
+    def expect(self, n: int) -> None:
+        """Raise unless every mixer saw exactly length n since the last call."""
+        seen, self.seen = self.seen, []
+        layers = len(mixers(self.model))
+        if len(seen) != layers:
+            raise LengthCheckError(f"expected {layers} mixer calls at n={n}, saw {len(seen)}")
+        for i, x in seen:
+            if x.shape[1] != n:
+                raise LengthCheckError(
+                    f"layer {i} received length {x.shape[1]}, the evaluation length is {n}"
+                )
+
+
+def row_entropy(probs: Tensor) -> Tensor:
+    """Entropy (nats) of every row of probs [..., T]: -sum p log p, with 0 log 0 = 0."""
+    p = probs.to(torch.float64)
+    return -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
+
+
+class EntropyProbe:
+    """Mean attention-row entropy per layer while ``active``.
+
+    TrickMixer hands its probabilities over directly. For an AttentionMixer the probe wraps the
+    layer's path: it calls the mechanism's reference with v = identity [B, Hkv, T, T] on the same
+    q, k and parameters, which returns the attention matrix A of any operator of the form A v. Rows
+    that are not distributions (negative entries, sums off 1: e.g. relu^2 attention) give None.
+    Other mixers (whole layers with their own factories) give None.
+    """
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.active = False
+        n = len(mixers(model))
+        self.sums = [0.0] * n
+        self.rows = [0] * n
+        self.invalid = [False] * n
+        self.supported = [False] * n
+        self._undo: list = []
+
+    def _record(self, i: int, probs: Tensor) -> None:
+        if not self.active:
+            return
+        sums = probs.sum(-1)
+        if probs.min() < -ROW_TOL or (sums - 1).abs().max() > ROW_TOL or not probs.isfinite().all():
+            self.invalid[i] = True
+            return
+        h = row_entropy(probs)
+        self.sums[i] += h.sum().item()
+        self.rows[i] += h.numel()
+
+    def __enter__(self) -> EntropyProbe:
+        for i, m in enumerate(mixers(self.model)):
+            if isinstance(m, TrickMixer):
+                m.probs_hook = lambda p, i=i: self._record(i, p)
+                self._undo.append(lambda m=m: setattr(m, "probs_hook", None))
+                self.supported[i] = True
+            elif isinstance(m, AttentionMixer):
+                orig = m.path
+                m.path = dataclasses.replace(orig, fn=self._wrap(i, m, orig.fn))
+                self._undo.append(lambda m=m, orig=orig: setattr(m, "path", orig))
+                self.supported[i] = True
+        return self
+
+    def _wrap(self, i: int, layer: AttentionMixer, fn):
+        reference = layer.mech.reference.fn
+
+        def probed(q, k, v, *, causal, **kw):
+            out = fn(q, k, v, causal=causal, **kw)
+            if self.active:
+                B, Hkv, T = k.shape[0], k.shape[1], k.shape[2]
+                eye = torch.eye(T, dtype=v.dtype, device=v.device).expand(B, Hkv, T, T)
+                try:
+                    probs = reference(q, k, eye, causal=causal, **kw)  # (B, H, T, T)
+                except (AttnbenchError, RuntimeError, TypeError):
+                    self.invalid[i] = True
+                else:
+                    self._record(i, probs)
+            return out
+
+        return probed
+
+    def __exit__(self, *exc) -> None:
+        for undo in self._undo:
+            undo()
+
+    def means(self) -> list[float | None]:
+        flags = zip(self.sums, self.rows, self.supported, self.invalid, strict=True)
+        return [(s / r) if ok and not bad and r else None for s, r, ok, bad in flags]
+
+
+def _chunks(toks: Tensor, mask: Tensor, size: int) -> Iterator[tuple[Tensor, Tensor, int]]:
+    """Cut windows [W, n] into independent chunks of ``size`` (the last may be shorter):
+    yields (tokens [W', m], mask [W', m], m)."""
+    W, n = toks.shape
+    full = (n // size) * size
+    if full:
+        yield toks[:, :full].reshape(-1, size), mask[:, :full].reshape(-1, size), size
+    if n > full:
+        yield toks[:, full:], mask[:, full:], n - full
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    stream: EvalStream,
+    n: int,
+    *,
+    chunk: int | None = None,
+    batch_tokens: int = 16384,
+    entropy_tokens: int = 2048,
+) -> EvalResult:
+    """Masked-token accuracy and loss of ``model`` on the span cut into windows of n tokens.
+
+    ``chunk``: run each window as independent chunks of that many tokens (the sanity floor).
+    Entropy is measured on the windows within the first ``entropy_tokens`` tokens of the span
+    (at least one window; the same text for every variant); 0 turns it off.
+    """
+    t0 = time.perf_counter()
+    model.eval()
+    toks, mask = stream.windows(n)  # (W, n)
+    W = toks.shape[0]
+    parts = list(_chunks(toks, mask, chunk)) if chunk else [(toks, mask, n)]
+    res = EvalResult(n=n, windows=W, tokens=W * n, masked=0, correct=0, loss_sum=0.0)
+    with LengthGuard(model) as guard, EntropyProbe(model) as probe:
+        for ptoks, pmask, m in parts:
+            rows = ptoks.shape[0]
+            first = max(1, entropy_tokens // n) if entropy_tokens else 0  # windows probed
+            split = min(rows, first * (rows // W))  # their rows (chunks) in this part
+            per_batch = max(1, batch_tokens // m)
+            for lo, hi, active in ((0, split, True), (split, rows, False)):
+                probe.active = active
+                for b0 in range(lo, hi, per_batch):
+                    b1 = min(hi, b0 + per_batch)
+                    _score(model, ptoks[b0:b1], pmask[b0:b1], res, guard, m)
+        res.entropy = probe.means()
+    res.seconds = time.perf_counter() - t0
+    expected = int(mask.sum())
+    if res.masked != expected:
+        raise LengthCheckError(f"scored {res.masked} masked tokens, the windows hold {expected}")
+    return res
+
+
+def _score(model: nn.Module, x: Tensor, xm: Tensor, res: EvalResult, guard, m: int) -> None:
+    if x.shape[1] != m:
+        raise LengthCheckError(f"batch has length {x.shape[1]}, expected {m}")
+    device = next(model.parameters()).device
+    x, xm = x.to(device), xm.to(device)
+    inputs = x.masked_fill(xm, MASK_ID)  # (b, m)
+    hidden = model(inputs)  # (b, m, C)
+    guard.expect(m)
+    if hidden.shape[:2] != x.shape:
+        raise LengthCheckError(f"model returned {tuple(hidden.shape)} for input {tuple(x.shape)}")
+    logits = model.logits(hidden[xm])  # (N, 256)
+    targets = x[xm]  # (N,)
+    res.masked += targets.numel()
+    if targets.numel():
+        res.correct += int((logits.argmax(-1) == targets).sum())
+        res.loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))

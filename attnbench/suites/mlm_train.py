@@ -1,0 +1,347 @@
+"""Training the MLM encoder at one length, with checkpoints that resume bit for bit.
+
+Masking scheme (training and evaluation alike): every position is replaced by the [MASK] id
+independently with probability ``mask_prob`` (15 %); the loss and the accuracy are over the masked
+positions only. Batches are ``batch`` windows of ``train_len`` bytes starting at uniformly random
+offsets of the training stream. Offsets and masks come from one ``torch.Generator`` seeded by the
+run's seed (not by the variant), so every variant of a seed sees the same batches in the same order.
+
+A checkpoint holds the model, the optimiser, the step, the training time so far, and every random
+state that the rest of training depends on (the sampler's generator, torch's and Python's global
+generators), so ``--resume`` ends with the same numbers as an uninterrupted run. Ctrl-C or SIGTERM
+finishes the current step, writes a checkpoint and raises :class:`Interrupted`; a checkpoint is also
+written every ``ckpt_every`` steps (what survives a SIGKILL). Files are written atomically.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import random
+import signal
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnbench.errors import AttnbenchError
+from attnbench.models.mlm import MASK_ID
+from attnbench.suites.progress import NoProgress, TrainProgress
+
+CHECKPOINT_FORMAT = 1
+#: Steps between the (step, loss) pairs kept in a checkpoint's history.
+HISTORY_EVERY = 50
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train (every field changes the trained weights, so it is part of the checkpoint
+    key)."""
+
+    batch: int = 64  # windows per step
+    steps: int = 3000  # optimiser steps
+    lr: float = 1e-3  # peak learning rate (AdamW)
+    warmup: int = 200  # linear warm-up steps, then cosine decay
+    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
+    weight_decay: float = 0.01  # AdamW decay on matrices (not on biases, norms)
+    grad_clip: float = 1.0  # max global grad norm (0: off)
+    mask_prob: float = 0.15  # each position masked independently with this probability
+
+    def check(self) -> None:
+        for name in ("batch", "steps"):
+            if getattr(self, name) < 1:
+                raise AttnbenchError(f"invalid {name}={getattr(self, name)}; accepted: >= 1")
+        if self.lr <= 0:
+            raise AttnbenchError(f"invalid lr={self.lr}; accepted: > 0")
+        if self.warmup < 0:
+            raise AttnbenchError(f"invalid warmup={self.warmup}; accepted: >= 0")
+        if not 0.0 < self.mask_prob < 1.0:
+            raise AttnbenchError(f"invalid mask_prob={self.mask_prob}; accepted: in (0, 1)")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise AttnbenchError(f"invalid min_lr_ratio={self.min_lr_ratio}; accepted: in [0, 1]")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate of step ``step`` (0-based): linear warm-up, then cosine to min_lr_ratio."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    t = min(1.0, (step - cfg.warmup) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+class BatchSampler:
+    """Random training windows and their masks from a uint8 stream, vectorised.
+
+    ``next()`` returns inputs ``[B, L]`` (long, masked positions set to MASK_ID), the targets of
+    the masked positions ``[N]`` (long) and the mask ``[B, L]`` (bool).
+    """
+
+    def __init__(self, stream: Tensor, length: int, batch: int, mask_prob: float, seed: int):
+        if stream.numel() < length:
+            raise AttnbenchError(
+                f"training stream has {stream.numel()} tokens, fewer than one window of "
+                f"train_len={length}; use a larger corpus"
+            )
+        self.stream, self.length, self.batch, self.mask_prob = stream, length, batch, mask_prob
+        self.gen = torch.Generator().manual_seed(seed)
+        self.offsets = torch.arange(length)  # (L,)
+
+    def next(self) -> tuple[Tensor, Tensor, Tensor]:
+        starts = torch.randint(
+            0, self.stream.numel() - self.length + 1, (self.batch,), generator=self.gen
+        )  # (B,)
+        tokens = self.stream[starts[:, None] + self.offsets].long()  # (B, L)
+        mask = torch.rand(tokens.shape, generator=self.gen) < self.mask_prob  # (B, L)
+        return tokens.masked_fill(mask, MASK_ID), tokens[mask], mask
+
+    def state(self) -> Tensor:
+        return self.gen.get_state()
+
+    def set_state(self, state: Tensor) -> None:
+        self.gen.set_state(state)
+
+
+def masked_loss(model: nn.Module, inputs: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+    """Mean cross-entropy over the masked positions; the classifier only sees those."""
+    hidden = model(inputs)  # (B, L, C)
+    return F.cross_entropy(model.logits(hidden[mask]), targets)  # logits (N, 256)
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": rest, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8)
+
+
+# --------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+def key_hash(key: Mapping[str, Any]) -> str:
+    """A short stable hash of a checkpoint key (plain JSON data)."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def atomic_save(obj: Any, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # a torn or foreign file: say which, in one line
+        raise AttnbenchError(f"cannot read checkpoint {path}: {type(e).__name__}") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        raise AttnbenchError(f"{path} is not an attnbench extrapolation checkpoint")
+    return ckpt
+
+
+def key_difference(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:
+    """'steps 3000 -> 100, heads 2 -> 4': what differs between two flat-ish keys."""
+    diffs = []
+    for name in sorted(set(saved) | set(wanted)):
+        a, b = saved.get(name), wanted.get(name)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            inner = key_difference(a, b)
+            diffs.append(inner)
+        else:
+            diffs.append(f"{name} {a!r} -> {b!r}")
+    return ", ".join(diffs)
+
+
+def check_key(ckpt: Mapping[str, Any], key: Mapping[str, Any], path: Path) -> None:
+    if ckpt.get("key_hash") != key_hash(key):
+        diff = key_difference(ckpt.get("key", {}), key) or "unknown fields"
+        raise AttnbenchError(
+            f"checkpoint {path} was trained with another config ({diff}); use the same options, "
+            "another --out, or --overwrite"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Interruption
+# --------------------------------------------------------------------------------------------
+
+
+class Interrupted(Exception):
+    """Training stopped by Ctrl-C or SIGTERM after writing a checkpoint."""
+
+    def __init__(self, path: Path, step: int, total: int):
+        super().__init__(f"interrupted at step {step}/{total}; checkpoint {path}")
+        self.path, self.step, self.total = path, step, total
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM: the loop finishes its step, saves and stops. A second Ctrl-C
+    raises KeyboardInterrupt at once (and the last periodic checkpoint remains)."""
+
+    def __init__(self) -> None:
+        self.set = False
+
+    def _handler(self, signum, frame) -> None:
+        if self.set and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.set = True
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopFlag]:
+        old = {}
+        try:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old[sig] = signal.signal(sig, self._handler)
+        except ValueError:  # not the main thread: no handlers, periodic checkpoints only
+            pass
+        try:
+            yield self
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+
+
+# --------------------------------------------------------------------------------------------
+# The loop
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainOutcome:
+    steps: int
+    train_time_s: float
+    final_loss: float
+    tokens_per_s: float
+    resumed_from: int
+
+
+def train(
+    model: nn.Module,
+    stream: Tensor,
+    cfg: TrainConfig,
+    *,
+    train_len: int,
+    seed: int,
+    path: Path,
+    key: Mapping[str, Any],
+    ckpt_every: int = 500,
+    resume: dict[str, Any] | None = None,
+    progress: TrainProgress | None = None,
+    title: str = "",
+    on_step: Callable[[int], None] | None = None,
+) -> TrainOutcome:
+    """Train ``model`` in place (its weights already initialised from ``seed``, on the device
+    it is on; batches are drawn on the CPU, so the data order is the same on every device).
+
+    ``resume``: a loaded checkpoint of the same key to continue from. ``on_step(step)`` is called
+    after every completed step (tests use it to deliver a signal mid-run).
+    """
+    cfg.check()
+    progress = progress or NoProgress()
+    sampler = BatchSampler(stream, train_len, cfg.batch, cfg.mask_prob, seed)
+    device = next(model.parameters()).device
+    opt = make_optimizer(model, cfg)
+    start, elapsed, history = 0, 0.0, []
+    if resume is not None:
+        model.load_state_dict(resume["model"])
+        opt.load_state_dict(resume["optim"])
+        sampler.set_state(resume["rng"]["sampler"])
+        torch.set_rng_state(resume["rng"]["torch"])
+        random.setstate(_python_state(resume["rng"]["python"]))
+        start, elapsed, history = resume["step"], resume["train_time_s"], list(resume["history"])
+
+    def save(step: int, done: bool, loss: float) -> None:
+        atomic_save(
+            {
+                "format": CHECKPOINT_FORMAT,
+                "key": dict(key),
+                "key_hash": key_hash(key),
+                "step": step,
+                "done": done,
+                "model": model.state_dict(),
+                "optim": opt.state_dict(),
+                "rng": {
+                    "sampler": sampler.state(),
+                    "torch": torch.get_rng_state(),
+                    "python": random.getstate(),
+                },
+                "train_time_s": elapsed + (time.perf_counter() - t0),
+                "final_loss": loss,
+                "history": history,
+            },
+            path,
+        )
+
+    model.train()
+    tokens_per_step = cfg.batch * train_len
+    t0 = time.perf_counter()
+    loss_value, smooth = float("nan"), None
+    step = start
+    progress.start(title, cfg.steps, start)
+    try:
+        with StopFlag().installed() as stop:
+            while step < cfg.steps:
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(step, cfg)
+                batch = [t.to(device, non_blocking=True) for t in sampler.next()]
+                loss = masked_loss(model, *batch)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.grad_clip > 0:
+                    nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                opt.step()
+                step += 1
+                loss_value = loss.item()
+                smooth = loss_value if smooth is None else 0.98 * smooth + 0.02 * loss_value
+                if step % HISTORY_EVERY == 0 or step == cfg.steps:
+                    history.append((step, loss_value))
+                run_s = time.perf_counter() - t0
+                progress.update(step, smooth, (step - start) * tokens_per_step / max(run_s, 1e-9))
+                if on_step is not None:
+                    on_step(step)
+                if step == cfg.steps:
+                    break
+                if stop.set:
+                    save(step, False, loss_value)
+                    raise Interrupted(path, step, cfg.steps)
+                if ckpt_every and step % ckpt_every == 0:
+                    save(step, False, loss_value)
+            save(step, True, loss_value)
+    finally:
+        progress.stop()
+    run_s = time.perf_counter() - t0
+    return TrainOutcome(
+        steps=step,
+        train_time_s=elapsed + run_s,
+        final_loss=loss_value,
+        tokens_per_s=(step - start) * tokens_per_step / max(run_s, 1e-9),
+        resumed_from=start,
+    )
+
+
+def _python_state(state: Any) -> tuple:
+    """random.setstate wants tuples; a checkpoint may hand back lists."""
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)
+
+
+def plain(obj: Any) -> Any:
+    """Dataclass -> dict, for checkpoint keys and sidecars."""
+    return asdict(obj)

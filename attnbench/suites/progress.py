@@ -1,0 +1,98 @@
+"""Progress of a training run: a rich bar on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Protocol
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+
+class TrainProgress(Protocol):
+    def start(self, title: str, total: int, completed: int) -> None: ...
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None: ...
+    def stop(self) -> None: ...
+
+
+class RichProgress:
+    """One bar per training: steps, loss, tokens/s, elapsed, remaining."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or Console(stderr=True)
+        self._bar: Progress | None = None
+        self._task = None
+
+    def start(self, title: str, total: int, completed: int) -> None:
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[tps]} tok/s"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=self.console,
+            transient=False,
+        )
+        self._bar.start()
+        self._task = self._bar.add_task(title, total=total, completed=completed, loss="-", tps="-")
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        self._bar.update(self._task, completed=step, loss=f"{loss:.3f}", tps=f"{tokens_per_s:,.0f}")
+
+    def stop(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+class LineProgress:
+    """Plain lines on stderr (not a terminal: CI logs, pipes), about ``lines`` per training."""
+
+    def __init__(self, lines: int = 10, stream=None):
+        self.lines, self.stream = lines, stream or sys.stderr
+        self._every, self._title, self._total, self._t0 = 1, "", 0, 0.0
+
+    def start(self, title: str, total: int, completed: int) -> None:
+        self._title, self._total, self._t0 = title, total, time.perf_counter()
+        self._every = max(1, total // max(1, self.lines))
+        if completed:
+            print(f"{title}: resuming at step {completed}/{total}", file=self.stream, flush=True)
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        if step % self._every and step != self._total:
+            return
+        print(
+            f"{self._title}: step {step}/{self._total} loss {loss:.3f} "
+            f"{tokens_per_s:,.0f} tok/s {time.perf_counter() - self._t0:.0f}s",
+            file=self.stream,
+            flush=True,
+        )
+
+    def stop(self) -> None:
+        pass
+
+
+class NoProgress:
+    def start(self, title: str, total: int, completed: int) -> None:
+        pass
+
+    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+
+def default_progress() -> TrainProgress:
+    """A rich bar when stderr is a terminal, plain lines otherwise."""
+    return RichProgress() if sys.stderr.isatty() else LineProgress()

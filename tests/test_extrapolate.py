@@ -1,0 +1,533 @@
+"""The extrapolation and entropy suites on tiny configs: end to end through the CLI, resume,
+eval-only, the evaluation windows and masks, the length guard, the eval-time tricks, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnbench import registry
+from attnbench.cli import app
+from attnbench.layers import make_layer
+from attnbench.models.mlm import MixerSpec, MLMEncoder, ModelConfig, build_model, is_whole_block
+from attnbench.models.tricks import TrickMixer, parse_tricks
+from attnbench.suites.entropy import EntropyOptions, run_entropy
+from attnbench.suites.extrapolate import RunOptions, run_extrapolate
+from attnbench.suites.extrapolate_config import load_preset, resolve_variants
+from attnbench.suites.mlm_eval import LengthCheckError, evaluate, make_eval_stream
+from attnbench.suites.mlm_train import Interrupted
+from attnbench.suites.progress import NoProgress
+from attnbench.variants import softmax
+
+runner = CliRunner()
+
+TINY = [
+    "--d-model", "32", "--layers", "1", "--heads", "2", "--train-len", "16", "--batch", "8",
+    "--steps", "12", "--warmup", "2", "--eval-lengths", "16,32,64", "--eval-tokens", "384",
+    "--threads", "1", "--ckpt-every", "5",
+]  # fmt: skip
+WORD_TEXT = (
+    "the of and to in a is that for it as was with be by on not he this are or his from at which "
+    "but have an they you were her she there would their we him been has when who will more no if"
+)
+WORDS = WORD_TEXT.split(" ")
+
+
+def make_corpus(path, words: int = 6000, seed: int = 0):
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(words // 12)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny shapes: one thread is fastest, and on a shared machine several threads spin."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+def invoke(*args):
+    return runner.invoke(app, ["run", *args])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One tiny end-to-end run (O, E, gqa with kv_heads=1, eight eval-time rows) via the CLI."""
+    root = tmp_path_factory.mktemp("extrap")
+    corpus = make_corpus(root / "corpus.txt")
+    out = root / "out"
+    res = invoke(
+        "extrapolate", *TINY, "--corpus", str(corpus), "--out", str(out),
+        "--impl", "gqa", "--param", "kv_heads=1",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return root, corpus, out, res
+
+
+def test_end_to_end_outputs(trained):
+    _, corpus, out, res = trained
+    df = pd.read_csv(out / "extrapolate.csv")
+    trained_rows = ["O", "E", "gqa(kv_heads=1)"]
+    eval_rows = [f"O+{t}" for t in load_preset("cpu").run.eval_time]
+    assert list(dict.fromkeys(df["variant"])) == ["O", *eval_rows, "E", "gqa(kv_heads=1)"]
+    assert len(df) == (len(trained_rows) + len(eval_rows)) * 3
+    assert (df["status"] == "ok").all()
+    assert set(df["kind"]) == {"trained", "eval-time"}
+    assert (df[df["kind"] == "eval-time"]["applied_to"] == "O").all()
+    for col in ("accuracy", "loss", "masked_tokens", "entropy_l0", "train_time_s"):
+        assert df[col].notna().all(), col
+    # Same text and masks for every row: the masked-token count per length is one number.
+    assert (df.groupby("eval_len")["masked_tokens"].nunique() == 1).all()
+    assert (df["eval_tokens"] == 6 * 64).all()  # one span of 6 x 64 tokens at every length
+    assert df["entropy_l0"].between(0, 64 * 1.0001).all()
+    side = json.loads((out / "extrapolate.json").read_text())
+    assert side["corpus"]["sha256"] and side["corpus"]["bytes"] == corpus.stat().st_size
+    assert {"torch", "python", "attnbench"} <= set(side["versions"])
+    assert "sha" in side["git"] and side["config"]["model"]["d_model"] == 32
+    assert "probability 0.15" in side["evaluation"]["masking"]
+    table = (out / "table.md").read_text()
+    assert "seed 003: Attention-E" in table and "| O+chunk | eval-time |" in table
+    assert "seed 003: Attention-O" in res.output
+    png = (out / "accuracy_vs_length.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    # At n = L the chunk floor is the O model itself.
+    o16 = df[(df["variant"] == "O") & (df["eval_len"] == 16)].iloc[0]
+    c16 = df[(df["variant"] == "O+chunk") & (df["eval_len"] == 16)].iloc[0]
+    assert o16["accuracy"] == c16["accuracy"]
+    assert o16["loss"] == pytest.approx(c16["loss"], rel=1e-5)
+
+
+def test_eval_only_reuses_checkpoints(trained):
+    _, corpus, out, _ = trained
+    before = pd.read_csv(out / "extrapolate.csv")
+    res = invoke(
+        "extrapolate", *TINY, "--corpus", str(corpus), "--out", str(out), "--eval-only",
+        "--eval-lengths", "16,32", "--eval-time", "chunk,ntk+logn",
+        "--impl", "gqa", "--param", "kv_heads=1",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    after = pd.read_csv(out / "extrapolate.csv")
+    assert set(after["variant"]) == {"O", "O+chunk", "O+ntk+logn", "E", "gqa(kv_heads=1)"}
+    assert set(after["eval_len"]) == {16, 32}
+    key = ["variant", "seed", "eval_len"]
+    merged = after.merge(before, on=key, suffixes=("", "_before"))
+    assert len(merged) == len(after)
+    assert (merged["accuracy"] == merged["accuracy_before"]).all()
+    assert (merged["train_time_s"] == merged["train_time_s_before"]).all()
+
+
+def test_existing_checkpoints_need_a_flag(trained):
+    _, corpus, out, _ = trained
+    res = invoke("extrapolate", *TINY, "--corpus", str(corpus), "--out", str(out))
+    assert res.exit_code == 2
+    assert "--resume" in res.output and "Traceback" not in res.output
+
+
+def test_resume_with_other_config_is_refused_and_keeps_the_checkpoint(trained):
+    _, corpus, out, _ = trained
+    ckpt = out / "checkpoints" / "O-seed0.pt"
+    before = ckpt.read_bytes()
+    args = [*TINY, "--steps", "13"]
+    res = invoke("extrapolate", *args, "--corpus", str(corpus), "--out", str(out), "--resume")
+    assert res.exit_code == 2
+    assert "another config" in res.output and "steps 12 -> 13" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert ckpt.read_bytes() == before
+
+
+def test_entropy_suite(trained, tmp_path):
+    _, corpus, out, _ = trained
+    cfg = load_preset("cpu").override(
+        {
+            "d_model": 32,
+            "layers": 1,
+            "heads": 2,
+            "train_len": 16,
+            "batch": 8,
+            "steps": 12,
+            "warmup": 2,
+            "corpus": str(corpus),
+        }
+    )
+    opts = EntropyOptions(
+        out=tmp_path, checkpoints=out / "checkpoints", max_n=256, queries=64, trials=2
+    )
+    res = run_entropy(cfg, opts)
+    df = pd.read_csv(tmp_path / "entropy.csv")
+    assert set(df["source"]) == {"random", "model"}
+    assert sorted(df["n"].unique()) == [16, 32, 64, 128, 256]
+    rnd = df[df["source"] == "random"].set_index(["variant", "n"])["entropy"]
+    # O's entropy grows almost like log n; E (smaller scale below 512) sits above O.
+    slopes = {(s["source"], s["variant"]): s["slope_dH_dlogn"] for s in res.slopes}
+    assert 0.85 < slopes[("random", "O")] <= 1.0
+    assert all(rnd[("E", n)] > rnd[("O", n)] for n in (16, 256))
+    assert 0.0 < res.fit["c"] < 1.0
+    assert (tmp_path / "entropy.png").stat().st_size > 10_000
+    assert "c =" in res.text
+
+
+def test_entropy_cli_without_checkpoints(tmp_path):
+    res = invoke(
+        "entropy", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "none"),
+        "--max-n", "64", "--queries", "16", "--trials", "1",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "trained-model part is skipped" in res.output
+    assert (tmp_path / "entropy.csv").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume
+# ---------------------------------------------------------------------------------------------
+
+
+def _tiny_cfg(corpus):
+    return load_preset("cpu").override(
+        {
+            "d_model": 32,
+            "layers": 1,
+            "heads": 2,
+            "train_len": 16,
+            "batch": 8,
+            "steps": 12,
+            "warmup": 2,
+            "lengths": "16,64",
+            "tokens": 256,
+            "threads": 1,
+            "ckpt_every": 5,
+            "corpus": str(corpus),
+            "variants": "E",
+            "eval_time": "none",
+        }
+    )
+
+
+def _opts(out, **kw):
+    return RunOptions(out=out, progress=NoProgress, log=lambda m: None, argv=["attnbench"], **kw)
+
+
+class Killed(Exception):
+    """Stands for SIGKILL: training stops with no chance to save."""
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    corpus = make_corpus(tmp_path / "c.txt")
+    cfg = _tiny_cfg(corpus)
+    full = run_extrapolate(cfg, _opts(tmp_path / "full"))
+
+    # Ctrl-C at step 7: the step finishes, a checkpoint is written, Interrupted is raised.
+    def ctrl_c(label, seed, step):
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted) as info:
+        run_extrapolate(cfg, _opts(tmp_path / "cut", on_step=ctrl_c))
+    assert info.value.step == 7
+    ckpt = torch.load(tmp_path / "cut/checkpoints/E-seed0.pt", weights_only=True)
+    assert ckpt["step"] == 7 and not ckpt["done"]
+    resumed = run_extrapolate(cfg, _opts(tmp_path / "cut", resume=True))
+
+    # A kill after step 9: only the periodic checkpoint of step 5 survives.
+    def kill(label, seed, step):
+        if step == 9:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_extrapolate(cfg, _opts(tmp_path / "kill", on_step=kill))
+    ckpt = torch.load(tmp_path / "kill/checkpoints/E-seed0.pt", weights_only=True)
+    assert ckpt["step"] == 5
+    killed = run_extrapolate(cfg, _opts(tmp_path / "kill", resume=True))
+
+    def numbers(result):
+        return [(r["eval_len"], r["accuracy"], r["loss"]) for r in result.rows]
+
+    assert numbers(resumed) == numbers(full)
+    assert numbers(killed) == numbers(full)
+    a = torch.load(tmp_path / "full/checkpoints/E-seed0.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "cut/checkpoints/E-seed0.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation windows, masks, the length guard
+# ---------------------------------------------------------------------------------------------
+
+
+def test_eval_windows_are_contiguous_and_masks_shared():
+    heldout = (torch.arange(5000) % 251).to(torch.uint8)
+    stream = make_eval_stream(heldout, (16, 48, 64), tokens=192, mask_prob=0.15, seed=7)
+    assert stream.size == 3 * 64
+    for n in (16, 48, 64):
+        toks, mask = stream.windows(n)
+        assert toks.shape == (3 * 64 // n, n)
+        assert torch.equal(toks.flatten(), heldout[: toks.numel()].long())
+        assert torch.equal(mask.flatten(), stream.mask[: toks.numel()])
+    again = make_eval_stream(heldout, (16, 48, 64), tokens=192, mask_prob=0.15, seed=7)
+    assert torch.equal(again.mask, stream.mask)
+
+
+def _tiny_model(spec=MixerSpec("softmax"), heads=2):
+    torch.manual_seed(0)
+    return build_model(ModelConfig(d_model=32, layers=2, heads=heads, train_len=16), spec)
+
+
+def test_every_variant_sees_the_same_inputs():
+    heldout = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
+    stream = make_eval_stream(heldout.to(torch.uint8), (16, 64), 256, 0.15, 3)
+    seen = {}
+    for name, spec in (("O", MixerSpec("softmax")), ("E", MixerSpec("softmax-logn"))):
+        model = _tiny_model(spec)
+        inputs = []
+        model.register_forward_pre_hook(lambda m, args, acc=inputs: acc.append(args[0].clone()))
+        res = evaluate(model, stream, 64, batch_tokens=128)
+        seen[name] = (torch.cat(inputs), res.masked)
+    assert torch.equal(seen["O"][0], seen["E"][0]) and seen["O"][1] == seen["E"][1]
+    assert seen["O"][0].shape == (4, 64)
+
+
+def test_length_guard_catches_truncation():
+    heldout = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
+    stream = make_eval_stream(heldout.to(torch.uint8), (64,), 128, 0.15, 3)
+    model = _tiny_model()
+    evaluate(model, stream, 64)  # fine as built
+    model.embed.register_forward_hook(lambda m, args, out: out[:, :32])  # a silent truncation
+    with pytest.raises(LengthCheckError, match="received length 32"):
+        evaluate(model, stream, 64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation-time tricks
+# ---------------------------------------------------------------------------------------------
+
+
+def _swap(model, tricks):
+    cfg = model.cfg
+    other = MLMEncoder(cfg, lambda c, i: TrickMixer(c.d_model, c.heads, tricks))
+    other.load_state_dict(model.state_dict())
+    return other.eval()
+
+
+def test_tricks_reduce_to_the_trained_model():
+    model = _tiny_model().eval()
+    x = torch.randint(0, 256, (2, 40))
+    short = x[:, :16]
+    with torch.no_grad():
+        for name in ("logn", "yarn-temp", "ntk", "pi", "ntk+logn"):
+            t = parse_tricks(name, 16)
+            # At n <= L every one of these is the identity; beyond L they change the output.
+            assert torch.allclose(_swap(model, t)(short), model(short), atol=1e-5), name
+            assert not torch.allclose(_swap(model, t)(x), model(x), atol=1e-4), name
+        plain = parse_tricks("rerope", 16, rerope_window=40)  # window >= n: plain RoPE
+        assert torch.allclose(_swap(model, plain)(x), model(x), atol=1e-5)
+        wide = parse_tricks("local", 16, local_window=40)
+        assert torch.allclose(_swap(model, wide)(x), model(x), atol=1e-5)
+
+
+def test_logn_trick_equals_the_registry_mechanism():
+    """max(1, log n / log L) in TrickMixer == softmax-logn(base=L, clip=True) via make_layer."""
+    model = _tiny_model().eval()
+    cfg = model.cfg
+    from attnbench.layers import Rotary
+
+    ref = MLMEncoder(
+        cfg,
+        lambda c, i: make_layer(
+            "softmax-logn", c.d_model, c.heads, params={"base": 16.0, "clip": True},
+            rope=Rotary(c.head_dim), max_len=16,
+        ),
+    )  # fmt: skip
+    ref.load_state_dict(model.state_dict())
+    x = torch.randint(0, 256, (2, 100))
+    with torch.no_grad():
+        got = _swap(model, parse_tricks("logn", 16))(x)
+        assert torch.allclose(got, ref.eval()(x), atol=1e-5)
+
+
+def test_rerope_clips_relative_positions():
+    """Beyond the window, ReRoPE scores equal those of a key moved to distance w."""
+    t = parse_tricks("rerope", 16, rerope_window=4)
+    mixer = TrickMixer(32, 2, t)
+    q, k = torch.randn(1, 2, 12, 16), torch.randn(1, 2, 12, 16)
+    s = mixer.scores(q, k)  # (1, 2, 12, 12)
+    plain = TrickMixer(32, 2, parse_tricks("rerope", 16, rerope_window=100)).scores(q, k)
+    # Query 10 with key 2 (r = 8 >= 4): the score RoPE gives at r = 4, i.e. query 6 with key 2
+    # when all queries are the same vector.
+    qq = q[:, :, 10:11].expand(1, 2, 12, 16)
+    same = TrickMixer(32, 2, parse_tricks("rerope", 16, rerope_window=100)).scores(qq, k)
+    assert torch.allclose(s[..., 10, 2], same[..., 6, 2], atol=1e-5)
+    assert torch.allclose(s[..., 10, 8], plain[..., 10, 8], atol=1e-6)  # inside the window
+
+
+# ---------------------------------------------------------------------------------------------
+# Variants and bad input
+# ---------------------------------------------------------------------------------------------
+
+
+def test_whole_block_and_causal_only_mechanisms(monkeypatch):
+    whole = dataclasses.replace(softmax.MECHANISM, name="fake-whole", aliases=())
+    object.__setattr__(whole, "whole_block", True)
+    causal = dataclasses.replace(
+        softmax.MECHANISM, name="fake-causal", aliases=(), bidirectional=False
+    )
+    index = dict(registry._BY_NAME, **{"fake-whole": whole, "fake-causal": causal})
+    monkeypatch.setattr(registry, "_BY_NAME", index)
+    monkeypatch.setattr(registry, "MECHANISMS", (*registry.MECHANISMS, whole, causal))
+    assert is_whole_block(MixerSpec("fake-whole"))
+    model = _tiny_model(MixerSpec("fake-whole"))
+    assert all(b.ffn is None for b in model.blocks) and len(model.blocks) == 2 * 2
+    cfg = load_preset("cpu")
+    variants, notes = resolve_variants(cfg, ["all"])
+    names = [v.label for v in variants]
+    assert "fake-whole" in names and "fake-causal" not in names
+    assert any("fake-causal" in n and "causal only" in n for n in notes)
+    res = invoke("extrapolate", "--impl", "fake-causal", "--steps", "1")
+    assert res.exit_code == 2 and "causal only" in res.output
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+    (root / "empty.txt").write_text("")
+    (root / "binary.bin").write_bytes(bytes(range(256)) * 40)
+    make_corpus(root / "short.txt", words=300)
+    (root / "emptydir").mkdir()
+    return root
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["--corpus", "{root}/missing.txt"], "does not exist"),
+        (["--corpus", "{root}/empty.txt"], "is empty"),
+        (["--corpus", "{root}/binary.bin"], "looks binary"),
+        (["--corpus", "{root}/emptydir"], "no .txt files"),
+        (["--corpus", "{root}/short.txt"], "corpus too short"),
+        (["--eval-lengths", "0,64"], "evaluation lengths"),
+        (["--eval-lengths", "-16"], "evaluation lengths"),
+        (["--preset", "nosuch"], "unknown preset"),
+        (["--variants", "O,Q"], "unknown variant"),
+        (["--impl", "nosuch"], "unknown mechanism"),
+        (["--impl", "gqa", "--param", "kv_heads=0"], "kv_heads"),
+        (["--set", "train.nosuch=1"], "unknown setting"),
+        (["--heads", "3"], "not divisible"),
+        (["--device", "tpu"], "invalid device"),
+        (["--eval-only"], "no checkpoint for O seed 0"),
+        (["--eval-only", "--resume"], "exclude each other"),
+        (["--eval-time", "logn,warp"], "unknown evaluation-time trick"),
+        (["--eval-time", "chunk+logn"], "chunk stands alone"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v),
+)
+def test_bad_input_exits_2(corpora, tmp_path, args, expect):
+    args = [a.format(root=corpora) for a in args]
+    res = invoke("extrapolate", *TINY, "--out", str(tmp_path), *args)
+    assert res.exit_code == 2, res.output
+    assert expect in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_short_corpus_message_counts_tokens(corpora, tmp_path):
+    res = invoke("extrapolate", *TINY, "--corpus", f"{corpora}/short.txt", "--out", str(tmp_path))
+    # 384 evaluated tokens are needed; the file is ~1.8 kB, so ~180 are held out.
+    assert "needs 384 held-out tokens" in res.output and "has 1" in res.output
+
+
+def test_presets_load_and_the_packaged_copies_match():
+    from attnbench.suites.extrapolate_config import PACKAGED_PRESETS, REPO_PRESETS
+
+    names = sorted(p.name for p in REPO_PRESETS.glob("*.toml"))
+    assert names == ["cpu.toml", "paper.toml"]
+    assert sorted(p.name for p in PACKAGED_PRESETS.glob("*.toml")) == names
+    for name in names:
+        assert (REPO_PRESETS / name).read_bytes() == (PACKAGED_PRESETS / name).read_bytes(), name
+    cpu, paper = load_preset("cpu"), load_preset("paper")
+    assert (cpu.model.d_model, cpu.model.layers, cpu.model.heads, cpu.model.train_len) == (
+        128,
+        2,
+        2,
+        64,
+    )
+    assert (cpu.train.batch, cpu.train.steps, cpu.train.lr) == (64, 3000, 1e-3)
+    assert (paper.model.d_model, paper.model.layers, paper.model.heads) == (384, 6, 6)
+    assert cpu.eval.lengths == (64, 128, 256, 512, 1024) and cpu.run.variants == ("O", "E")
+    assert len(cpu.run.eval_time) >= 6
+
+
+SDPA_TRICKS = ["logn", "yarn-temp", "local", "ntk", "pi", "ntk+logn", "pi+local"]
+
+
+@pytest.mark.parametrize("name", SDPA_TRICKS)
+def test_trick_sdpa_path_matches_dense(name):
+    t = parse_tricks(name, 16)
+    mixer = TrickMixer(32, 2, t)
+    x = torch.randn(2, 100, 32, dtype=torch.float64)
+    mixer = mixer.double()
+    with torch.no_grad():
+        fast = mixer(x)
+        mixer.force_dense = True
+        dense = mixer(x)
+    assert torch.allclose(fast, dense, atol=1e-10, rtol=1e-9)
+
+
+def test_a_mechanism_failing_at_some_length_gets_an_error_row(monkeypatch, tmp_path):
+    """A mechanism that cannot run at a length yields status=error rows with the reason, never a
+    dropped row or a NaN passed off as a result."""
+
+    def short_only(q, k, v, *, causal):
+        if q.shape[-2] > 32:
+            raise RuntimeError("this path stops at 32 positions")
+        return softmax.sdpa(q, k, v, causal=causal)
+
+    path = dataclasses.replace(softmax.MECHANISM.paths[1], fn=short_only)
+    mech = dataclasses.replace(
+        softmax.MECHANISM, name="fake-short", aliases=(), paths=(softmax.MECHANISM.paths[0], path)
+    )
+    monkeypatch.setattr(registry, "_BY_NAME", dict(registry._BY_NAME, **{"fake-short": mech}))
+    corpus = make_corpus(tmp_path / "c.txt")
+    cfg = _tiny_cfg(corpus).override({"variants": "fake-short", "steps": 3})
+    result = run_extrapolate(cfg, _opts(tmp_path / "out"))
+    rows = {r["eval_len"]: r for r in result.rows}
+    assert rows[16]["status"] == "ok" and rows[64]["status"] == "error"
+    assert "stops at 32" in rows[64]["reason"] and "accuracy" not in rows[64]
+    df = pd.read_csv(tmp_path / "out" / "extrapolate.csv")
+    assert list(df["status"]) == ["ok", "error"] and pd.isna(df["accuracy"].iloc[1])
+    assert "failed" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_rich_progress_bar_renders():
+    import io
+
+    from rich.console import Console
+
+    from attnbench.suites.progress import LineProgress, RichProgress
+
+    buf = io.StringIO()
+    bar = RichProgress(Console(file=buf, force_terminal=True, width=120))
+    bar.start("O seed 0", 10, 0)
+    bar.update(10, 2.5, 12345.0)
+    bar.stop()
+    assert "loss 2.500" in buf.getvalue() and "12,345 tok/s" in buf.getvalue()
+    buf = io.StringIO()
+    lines = LineProgress(lines=2, stream=buf)
+    lines.start("E seed 1", 10, 0)
+    for step in range(1, 11):
+        lines.update(step, 2.0, 100.0)
+    assert buf.getvalue().count("\n") == 2 and "step 10/10 loss 2.000" in buf.getvalue()
+
+
+def test_help_has_an_example():
+    for name in ("extrapolate", "entropy"):
+        res = invoke(name, "--help")
+        assert res.exit_code == 0 and "Example" in res.output, name
