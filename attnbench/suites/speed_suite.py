@@ -149,8 +149,9 @@ LIMITS = {
     "max_call_s": Key(
         "float",
         0.0,
-        "when one call of a case takes longer than this (seconds), its longer lengths are "
-        "skipped with a row saying so; 0: no limit",
+        "when one call of a case takes longer than this (seconds), or the next length's call "
+        "is predicted to (time x (n'/n)^2), its longer lengths are skipped with a row saying "
+        "so; 0: no limit",
         accepted="a number >= 0",
         valid=lambda x: x >= 0,
     ),
