@@ -22,6 +22,7 @@ TINY = """
 name = "tiny"
 [grid]
 mechanisms = ["softmax", "flash-tiled:efficient"]
+path_kinds = ["reference", "efficient"]
 device = "cpu"
 lengths = [16, 32]
 [shape]
