@@ -212,7 +212,7 @@ def _figure(df: pd.DataFrame, colors: dict[tuple, tuple], path: Path) -> None:
         if len(footnotes) > MAX_FOOTNOTES:
             shown.append(f"... and {len(footnotes) - MAX_FOOTNOTES} more (see the CSV)")
         fig.text(0.05, 0.2 / fig_h, "\n".join(shown), fontsize=8.5, va="bottom", family="monospace")
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the legend may extend past the axes
     plt.close(fig)
 
 
