@@ -24,6 +24,14 @@ def causal_mask(tq: int, tk: int, device: torch.device | str = "cpu") -> Tensor:
     return torch.ones(tq, tk, dtype=torch.bool, device=device).tril()
 
 
+def keys_seen(tq: int, tk: int, causal: bool, device: torch.device | str = "cpu") -> Tensor:
+    """n_i, the number of keys query i attends to, as float64 [Tq, 1]: Tk bidirectional,
+    i + 1 (at most Tk) causal."""
+    if causal:
+        return torch.arange(1, tq + 1, dtype=torch.float64, device=device).clamp(max=tk)[:, None]
+    return torch.full((tq, 1), float(tk), dtype=torch.float64, device=device)
+
+
 def softmax_attention(
     q: Tensor,
     k: Tensor,

@@ -41,7 +41,7 @@ from torch import Tensor
 
 from attnbench.kernels.triton_ops import gau_path
 from attnbench.spec import Mechanism, Param, Path, Shape, positive_int
-from attnbench.variants.dense import causal_mask, softmax_attention
+from attnbench.variants.dense import causal_mask, keys_seen, softmax_attention
 
 SCORINGS = ("relu2", "softmax", "softmax_plus")
 NORMS = ("ns", "n2")
@@ -89,12 +89,6 @@ def reference(
 # --------------------------------------------------------------------------------------------
 # Efficient: tiled relu² with a recomputing backward; SDPA for the softmax scorings
 # --------------------------------------------------------------------------------------------
-
-
-def _keys_seen(T: int, causal: bool, device) -> Tensor:
-    """n_i, the keys row i sees, as float64 [T, 1]: i + 1 when causal, else T."""
-    n = torch.arange(1, T + 1, dtype=torch.float64, device=device)[:, None]
-    return n if causal else torch.full_like(n, float(T))
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -175,7 +169,7 @@ def efficient(
 ) -> Tensor:
     """No n x n tensor: tiled relu², or SDPA. q, k ``[B, H, T, s]``, v ``[B, H, T, e]``."""
     T, D = q.shape[-2], q.shape[-1]
-    n = _keys_seen(T, causal, q.device)  # (T, 1)
+    n = keys_seen(T, T, causal, q.device)  # (T, 1)
     if scoring == "relu2":
         root_w = (n * D).rsqrt() if norm == "ns" else 1.0 / n  # (T, 1) sqrt of the row weight
         return _Relu2Tiled.apply(q * root_w.to(q.dtype), k, v, causal, tile)

@@ -24,19 +24,12 @@ from torch import Tensor
 from attnbench.kernels.flex import ScoreMod, flex_fused
 from attnbench.kernels.sdpa import backend_paths, sdpa_with_backend
 from attnbench.spec import Mechanism, Param, Path
-from attnbench.variants.dense import causal_mask, softmax_attention
+from attnbench.variants.dense import causal_mask, keys_seen, softmax_attention
 
 
 def parse_base(text: str) -> float:
     """Command-line text for a log base: a number, or ``e`` for the natural log."""
     return math.e if text.strip().lower() == "e" else float(text)
-
-
-def keys_seen(tq: int, tk: int, causal: bool, device: torch.device | str = "cpu") -> Tensor:
-    """Number of keys each query attends to, as float64 [Tq, 1]."""
-    if causal:
-        return torch.arange(1, tq + 1, dtype=torch.float64, device=device).clamp(max=tk)[:, None]
-    return torch.full((tq, 1), float(tk), dtype=torch.float64, device=device)
 
 
 def logn_factor(n: Tensor, *, base: float, clip: bool = False, min_n: int = 1) -> Tensor:

@@ -35,6 +35,7 @@ zero gradient.
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -71,23 +72,24 @@ def pad_positions(x: Tensor, before: int, after: int, value: float = 0.0) -> Ten
 # --------------------------------------------------------------------------------------------
 
 
-class Layout:
-    """Positions arranged as ``[G, M]`` groups; see the module docstring."""
+class Layout(ABC):
+    """Positions arranged as ``[G, M]`` groups; see the module docstring. Every layout has
+    positions; key layouts that are read in place (Band) need no gather or place."""
 
     n: int
 
+    @abstractmethod
     def positions(self, device: torch.device) -> Tensor:
         """Long ``[G, M]``: the position of each slot, -1 for padding."""
-        raise NotImplementedError
 
     def gather(self, x: Tensor) -> Tensor:
         """``[B, H, n, C]`` -> ``[B, H, G, M, C]`` (padding slots hold zeros)."""
-        raise NotImplementedError
+        raise TypeError(f"{type(self).__name__} is read in place; it has no gather")
 
     def place(self, y: Tensor, fill: float) -> Tensor:
         """Inverse of :meth:`gather` for query layouts: ``[B, H, G, M, C]`` -> ``[B, H, n, C]``;
         positions the layout does not hold get ``fill``."""
-        raise NotImplementedError
+        raise TypeError(f"{type(self).__name__} is a key layout; it places no outputs")
 
 
 @dataclass(frozen=True)
