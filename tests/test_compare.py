@@ -140,6 +140,12 @@ def test_flops_memory_and_status_changes(tmp_path):
     for name, changed in cases.items():
         c, b = pair(tmp_path, base, [reference_row(), changed])
         assert compare(c, b).exit_code == 1, name
+    # Skipped by the sweep's time limit (a load burst can trip its prediction): not measured,
+    # reported, not failed; the smaller n it was predicted from is compared on its own.
+    skipped = row(status="skipped", reason="skipped: one call took 0.066 s at n=256, ...")
+    c, b = pair(tmp_path, base, [reference_row(), skipped])
+    result = compare(c, b)
+    assert result.exit_code == 0 and "not measured" in result.lines[-1].note
     c, b = pair(tmp_path, base, [reference_row(), row(mem_fwd_bytes=1_010_000)])
     assert compare(c, b).exit_code == 0  # within 2 % + 64 KiB
     c, b = pair(tmp_path, base, [reference_row(), row(mem_method="cuda-max-allocated")])
@@ -186,6 +192,79 @@ def test_cli_exit_codes_tables_and_markdown(tmp_path):
     assert runner.invoke(app, ["compare", str(c), str(b), "--time-ratio", "2"]).exit_code == 0
     same = runner.invoke(app, ["compare", str(b), str(b)])
     assert same.exit_code == 0 and "nothing worse" in same.stdout
+
+
+def test_a_regression_must_repeat_in_the_confirming_rerun(tmp_path):
+    base = write(tmp_path / "base.csv", [reference_row(), row(), row(seq_len=256)])
+    slow = dict(ref_ratio=0.75, ref_ratio_p20=0.72, ref_ratio_p80=0.78)  # 1.5x, bands apart
+    first = write(tmp_path / "first.csv", [reference_row(), row(**slow), row(seq_len=256)])
+    # The re-run shows the same slowdown: a regression.
+    again = write(tmp_path / "again.csv", [reference_row(), row(**slow), row(seq_len=256)])
+    result = compare(first, base, confirm=[again])
+    assert result.exit_code == 1 and result.count("worse") == 1
+    # The re-run is clean: the first run's alarm was noise, reported but not failed.
+    clean = write(tmp_path / "clean.csv", [reference_row(), row(), row(seq_len=256)])
+    result = compare(first, base, confirm=[clean])
+    assert result.exit_code == 0 and result.count("unconfirmed") == 1
+    (line,) = [ln for ln in result.lines if ln.verdict == "unconfirmed"]
+    assert "n=1024" in line.case and "re-run: same" in line.note
+    # Something worse only in the re-run is not a regression of this run either.
+    result = compare(clean, base, confirm=[first])
+    assert result.exit_code == 0 and result.count("unconfirmed") == 0
+    # Every re-run must agree.
+    assert compare(first, base, confirm=[again, clean]).exit_code == 0
+    assert compare(first, base, confirm=[again, again]).exit_code == 1
+    # Deterministic quantities repeat by themselves.
+    fat = write(tmp_path / "fat.csv", [reference_row(), row(flops=2), row(seq_len=256)])
+    assert compare(fat, base, confirm=[fat]).exit_code == 1
+    # A re-run that cannot be compared is a usage error, not a silent pass.
+    other = write(tmp_path / "other.csv", [reference_row(threads=2), row(threads=2)])
+    with pytest.raises(ValueError, match="not comparable with the baseline"):
+        compare(first, base, confirm=[other])
+
+
+def test_cli_confirm_and_the_last_lines_name_the_regression(tmp_path):
+    base = write(tmp_path / "base.csv", [reference_row(), row()])
+    slow = row(ref_ratio=0.75, ref_ratio_p20=0.72, ref_ratio_p80=0.78)
+    first = write(tmp_path / "first.csv", [reference_row(), slow])
+    clean = write(tmp_path / "clean.csv", [reference_row(), row()])
+    failed = runner.invoke(app, ["compare", str(first), str(base)])
+    assert failed.exit_code == 1
+    # A CI log cut to its tail still says which case failed, and by how much.
+    tail = failed.output.strip().splitlines()[-2:]
+    assert tail[0].startswith("worse: local:efficient [window=64] fwd bidir n=1024")
+    assert "(1.500x)" in tail[0] and "1 regression" in tail[1]
+    args = ["compare", str(first), str(base), "--confirm", str(clean)]
+    md = tmp_path / "c.md"
+    passed = runner.invoke(app, [*args, "--markdown", str(md)])
+    assert passed.exit_code == 0, passed.output
+    assert "unconfirmed: local:efficient" in passed.output and "1 unconfirmed" in passed.output
+    assert f"re-run: `{clean}`" in md.read_text()
+    missing = runner.invoke(app, [*args[:-1], str(tmp_path / "nope.csv")])
+    assert missing.exit_code == 2 and "Traceback" not in missing.output
+
+
+def test_a_baseline_from_another_cpu_is_skipped(tmp_path):
+    rows = [reference_row(), row()]
+
+    def sidecar(signature):
+        return {"machine": {"cpu_signature": signature}, "git": {"sha": "b" * 40}}
+
+    b = write(tmp_path / "b.csv", rows, sidecar("GenuineIntel 6/143/8 avx2,avx512f"))
+    c = write(tmp_path / "c.csv", rows, sidecar("AuthenticAMD 25/1/1 avx2"))
+    result = compare(c, b)
+    assert result.exit_code == 3 and any("another CPU" in w for w in result.warnings)
+    c = write(tmp_path / "c.csv", rows, sidecar("GenuineIntel 6/143/8 avx2,avx512f"))
+    assert compare(c, b).exit_code == 0
+
+
+def test_the_cpu_signature_names_family_model_and_instruction_sets():
+    from attnbench.measure.machine import cpu_signature
+
+    sig = cpu_signature()
+    assert "torch " in sig
+    if Path("/proc/cpuinfo").is_file():
+        assert sig.count("/") >= 2
 
 
 @pytest.mark.parametrize(

@@ -22,12 +22,26 @@ from attnbench.report.compare import (
     markdown,
 )
 
-STYLE = {"worse": "bold red", "better": "green", "new": "cyan", "missing": "yellow"}
+STYLE = {
+    "worse": "bold red",
+    "unconfirmed": "yellow",
+    "better": "green",
+    "new": "cyan",
+    "missing": "yellow",
+}
 
 
 def compare_cmd(
     current: Annotated[Path, typer.Argument(help="Results CSV of this run.")],
     baseline: Annotated[Path, typer.Argument(help="Results CSV to compare against.")],
+    confirm: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--confirm",
+            help="Results of the same grid run again: a regression counts only if it repeats "
+            "there too (repeatable).",
+        ),
+    ] = None,
     markdown_file: Annotated[
         Path | None, typer.Option("--markdown", help="Also write the comparison as markdown.")
     ] = None,
@@ -54,13 +68,17 @@ def compare_cmd(
         ),
     ] = True,
     show_all: Annotated[
-        bool, typer.Option("--all", help="Show every compared quantity, not only changes.")
+        bool,
+        typer.Option("--all", help="Show every compared quantity, not only the changes."),
     ] = False,
 ) -> None:
     """Compare a speed run with a baseline: time as ratio to the reference, FLOPs, memory.
 
     Exit code 0: nothing worse; 1: a regression; 2: usage error; 3: nothing comparable
     (e.g. a baseline from another machine class or torch version: a warning, not a failure).
+
+    The terminal table shows what changed (--all: everything); --markdown writes every time
+    line too. With --confirm, something worse in CURRENT alone is reported as unconfirmed.
 
     Example: [bold]attnbench compare runs/ci/results.csv results/baselines/ci.csv[/bold]
     """
@@ -78,7 +96,7 @@ def compare_cmd(
         mem_tolerance_other=mem_tolerance_other,
         require_separation=separation,
     )
-    result = compare(current, baseline, thresholds)
+    result = compare(current, baseline, thresholds, confirm or ())
     if markdown_file is not None:
         try:
             markdown_file.parent.mkdir(parents=True, exist_ok=True)
@@ -89,13 +107,27 @@ def compare_cmd(
     table = Table(title=f"attnbench compare: {result.headline()}", caption=thresholds.describe())
     for col in ("case", "metric", "baseline", "current", "ratio", "verdict", "note"):
         table.add_column(col, justify="right" if col == "ratio" else "left", overflow="fold")
-    for ln in result.shown(show_all):
+    for ln in result.shown(show_all, changes_only=True):
         style = STYLE.get(ln.verdict, "")
         ratio = f"{ln.ratio:.3f}" if ln.ratio is not None else ""
         verdict = f"[{style}]{ln.verdict}[/{style}]" if style else ln.verdict
         cells = (ln.case, ln.metric, ln.baseline, ln.current)
         table.add_row(*map(escape, cells), ratio, verdict, escape(ln.note))
-    out.print(table)
+    quiet = len(result.lines) - len(result.shown(show_all, changes_only=True))
+    if result.shown(show_all, changes_only=True):
+        out.print(table)
+    if quiet:
+        out.print(f"{quiet} more quantities unchanged or not run (--all shows them)")
     for w in result.warnings:
         err.print(f"[yellow]warning:[/yellow] {w}")
+    # Last, so that a log cut to its tail still says what failed.
+    for ln in result.lines:
+        if ln.verdict in ("worse", "unconfirmed"):
+            ratio = f" ({ln.ratio:.3f}x)" if ln.ratio is not None else ""
+            err.print(
+                f"{ln.verdict}: {escape(ln.case)}: {escape(ln.metric)} {escape(ln.baseline)} -> "
+                f"{escape(ln.current)}{ratio}",
+                soft_wrap=True,
+            )
+    out.print(f"attnbench compare: {result.headline()}", soft_wrap=True)
     raise typer.Exit(result.exit_code)

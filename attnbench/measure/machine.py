@@ -1,12 +1,15 @@
 """Provenance for a results sidecar: the machine, the versions, the git state.
 
 ``machine_class`` is what two runs must share for their times to be compared: the device type,
-its model name, the thread count and the clock. A baseline from another class is skipped, not
-failed.
+its model name, the thread count and the clock. A CPU's model name can be generic (a virtual
+machine often reports "Intel(R) Xeon(R) Processor" whatever the host is), so the sidecar also
+records ``cpu_signature``: vendor, family/model/stepping and the instruction sets the kernels
+dispatch on. A baseline from another class or signature is skipped, not failed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
@@ -29,6 +32,44 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown cpu"
+
+
+def _cpuinfo() -> dict[str, str]:
+    """The first processor's fields of /proc/cpuinfo (empty off Linux)."""
+    info: dict[str, str] = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    for line in text.splitlines():
+        if not line.strip():
+            if info:
+                break
+            continue
+        name, _, value = line.partition(":")
+        info.setdefault(name.strip().lower(), value.strip())
+    return info
+
+
+#: Instruction-set extensions that change which CPU kernels run (and so relative times).
+ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "sve")
+
+
+def cpu_signature() -> str:
+    """``GenuineIntel 6/143/8 avx2,avx512f,...; torch AVX512``: what tells two CPUs apart when
+    their model names agree. Runs whose signatures differ are not compared."""
+    info = _cpuinfo()
+    parts = []
+    if info:
+        ident = "/".join(info.get(k, "?") for k in ("cpu family", "model", "stepping"))
+        flags = set(info.get("flags", info.get("features", "")).split())
+        isa = ",".join(f for f in ISA_FLAGS if f in flags) or "-"
+        parts.append(f"{info.get('vendor_id', platform.machine())} {ident} {isa}")
+    else:
+        parts.append(platform.machine() or "unknown")
+    with contextlib.suppress(AttributeError, RuntimeError):  # older torch: no such query
+        parts.append(f"torch {torch.backends.cpu.get_cpu_capability()}")
+    return "; ".join(parts)
 
 
 def memory_bytes() -> int | None:
@@ -54,6 +95,7 @@ def machine_class(device: torch.device, threads: int, clock: str) -> str:
 def machine(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = {
         "cpu_model": cpu_model(),
+        "cpu_signature": cpu_signature(),
         "logical_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_bytes": memory_bytes(),

@@ -19,7 +19,16 @@ dtype, shape, causal, direction). For each matched pair:
 * **peak memory** — when both rows name a deterministic method (``dispatch-live-bytes``):
   worse when current > baseline x (1 + ``mem_tolerance``) + ``mem_slack_bytes``; other methods
   use ``mem_tolerance_other``.
-* **status** — ``ok`` turning into anything else is a regression; the reverse an improvement.
+* **status** — ``ok`` turning into ``oom`` or ``error`` (or ``unsupported``) is a regression; the
+  reverse an improvement. ``skipped`` (the sweep's ``max_call_s``, predicted from the same path at
+  a smaller n) is *not run*, not a regression: a load burst can trip it, and a real slowdown shows
+  in that smaller case, which is compared.
+
+**Confirmation** (``confirm``: results of the same grid run again): a quantity counts as *worse*
+only when it is worse in this run and in every re-run; one that is worse in this run alone is
+*unconfirmed*, reported and not failed. A slowdown that the code causes repeats; a neighbour's
+burst of load on a shared machine rarely hits the same case twice. ``.ci/run`` re-runs the grid
+only when the first comparison finds something.
 
 Rows only in the current run are *new* (mechanisms added since the baseline) and rows only in
 the baseline are *missing*; both are reported and neither fails. A baseline from another machine
@@ -31,7 +40,7 @@ Exit codes: 0 nothing worse, 1 at least one regression, 2 usage error, 3 nothing
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +69,7 @@ MEM_SLACK_BYTES = 64 * 1024
 MEM_TOLERANCE_OTHER = 0.10
 DETERMINISTIC_MEMORY = ("dispatch-live-bytes",)
 
-VERDICT_ORDER = ("worse", "better", "new", "missing", "same", "not run")
+VERDICT_ORDER = ("worse", "unconfirmed", "better", "new", "missing", "same", "not run")
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,7 @@ class Line:
     baseline: str
     current: str
     ratio: float | None
-    verdict: str  # worse | better | same | new | missing | not run
+    verdict: str  # worse | unconfirmed | better | same | new | missing | not run
     note: str = ""
 
 
@@ -104,6 +113,7 @@ class Comparison:
     compared: int = 0  # matched cases with at least one quantity compared
     thresholds: Thresholds = Thresholds()
     provenance: dict[str, str] = field(default_factory=dict)
+    confirmed_by: list[Path] = field(default_factory=list)  # re-runs a regression had to repeat in
 
     def count(self, verdict: str) -> int:
         cases = {line.case for line in self.lines if line.verdict == verdict}
@@ -125,18 +135,22 @@ class Comparison:
             else ("nothing comparable" if self.compared == 0 else "nothing worse")
         )
         parts = [f"{self.compared} cases compared"]
-        for v in ("better", "new", "missing"):
+        for v in ("unconfirmed", "better", "new", "missing"):
             if self.count(v):
                 parts.append(f"{self.count(v)} {v}")
         return f"{verdict} ({', '.join(parts)})"
 
-    def shown(self, everything: bool = False) -> list[Line]:
+    def shown(self, everything: bool = False, changes_only: bool = False) -> list[Line]:
         """Lines worth a reader's time, worst first: every case's time line, other quantities
-        only when they changed (``everything``: all lines)."""
+        only when they changed (``everything``: all lines; ``changes_only``: only lines whose
+        verdict is not same / not run)."""
+        quiet = ("same", "not run")
         keep = [
             line
             for line in self.lines
-            if everything or line.verdict != "same" or line.metric.startswith("time")
+            if everything
+            or (line.verdict not in quiet if changes_only else line.verdict != "same")
+            or (not changes_only and line.metric.startswith("time"))
         ]
         return sorted(keep, key=lambda line: VERDICT_ORDER.index(line.verdict))
 
@@ -201,6 +215,9 @@ def compare_rows(b: Mapping[str, Any], c: Mapping[str, Any], th: Thresholds) -> 
     if bs != "ok" or cs != "ok":
         if bs == cs:
             return [Line(label, "status", bs, cs, None, "not run", str(c["reason"] or ""))]
+        if cs == "skipped":  # the sweep's time limit, predicted from a smaller n that is compared
+            note = f"not measured in this run: {c['reason'] or 'skipped'}"
+            return [Line(label, "status", bs, cs, None, "not run", note)]
         verdict = "worse" if bs == "ok" else ("better" if cs == "ok" else "same")
         return [Line(label, "status", bs, cs, None, verdict, str(c["reason"] or b["reason"]))]
     lines = [_time_line(label, b, c, th)]
@@ -292,9 +309,50 @@ def _memory_line(
     return Line(label, name, _bytes(bb), _bytes(cc), ratio, verdict)
 
 
-def compare(current: Path, baseline: Path, thresholds: Thresholds | None = None) -> Comparison:
-    """Compare two results CSVs (see the module docstring); raises AttnbenchError on bad input."""
+def compare(
+    current: Path,
+    baseline: Path,
+    thresholds: Thresholds | None = None,
+    confirm: Sequence[Path] = (),
+) -> Comparison:
+    """Compare two results CSVs (see the module docstring); ``confirm``: re-runs of the same grid
+    that a regression must repeat in. Raises AttnbenchError on bad input."""
     th = thresholds or Thresholds()
+    out = _compare(current, baseline, th)
+    if confirm and out.count("worse"):
+        reruns = [_compare(path, baseline, th) for path in confirm]
+        for path, rerun in zip(confirm, reruns, strict=True):
+            if rerun.compared == 0:
+                why = "; ".join(rerun.warnings) or "no case in common"
+                raise AttnbenchError(f"--confirm {path}: not comparable with the baseline ({why})")
+            out.provenance[str(path)] = rerun.provenance.get(str(path), "")
+        out.confirmed_by = list(confirm)
+        out.lines = [_confirmed(line, reruns) for line in out.lines]
+    return out
+
+
+def _confirmed(line: Line, reruns: Sequence[Comparison]) -> Line:
+    """``line`` if it is not worse or every re-run says worse too; else an unconfirmed line."""
+    if line.verdict != "worse":
+        return line
+    seen = []
+    for rerun in reruns:
+        match = next(
+            (x for x in rerun.lines if x.case == line.case and x.metric == line.metric), None
+        )
+        if match is None or match.verdict != "worse":
+            got = "absent" if match is None else f"{match.verdict}"
+            if match is not None and match.ratio is not None:
+                got += f", {match.ratio:.3f}x"
+            seen.append(got)
+    if not seen:
+        return line
+    note = f"worse in this run only; the re-run: {'; '.join(seen)}"
+    return Line(line.case, line.metric, line.baseline, line.current, line.ratio, "unconfirmed",
+                note)  # fmt: skip
+
+
+def _compare(current: Path, baseline: Path, th: Thresholds) -> Comparison:
     cur_df, base_df = read_results(current), read_results(baseline)
     out = Comparison(current=current, baseline=baseline, thresholds=th)
     sides = {}
@@ -309,6 +367,15 @@ def compare(current: Path, baseline: Path, thresholds: Thresholds | None = None)
                 f"git {str(git.get('sha') or '?')[:10]}{dirty}, {side.get('started', '?')}"
             )
     if sides[current] and sides[baseline]:
+        sig_cur, sig_base = (
+            (sides[p].get("machine") or {}).get("cpu_signature") for p in (current, baseline)
+        )
+        if sig_cur and sig_base and sig_cur != sig_base:
+            out.warnings.append(
+                f"baseline is from another CPU ({sig_base}; this run: {sig_cur}): skipped, "
+                "not compared"
+            )
+            return out
         for what, get in (
             ("suite file", lambda d: (d.get("suite") or {}).get("sha256")),
             ("malloc setting", lambda d: d.get("malloc")),
@@ -359,6 +426,7 @@ def markdown(cmp: Comparison, everything: bool = False) -> str:
         "",
         f"- current: `{cmp.current}` {cmp.provenance.get(str(cmp.current), '')}",
         f"- baseline: `{cmp.baseline}` {cmp.provenance.get(str(cmp.baseline), '')}",
+        *(f"- re-run: `{p}` {cmp.provenance.get(str(p), '')}" for p in cmp.confirmed_by),
         f"- thresholds: {cmp.thresholds.describe()}",
     ]
     lines += [f"- warning: {w}" for w in cmp.warnings]
