@@ -244,6 +244,34 @@ def test_layer_shapes_and_gradients(name, causal):
             torch.testing.assert_close(layer(x2)[:, :15], y.detach()[:, :15])
 
 
+@pytest.mark.parametrize("name", ["gau", "flash"])
+def test_a_fresh_layer_attends_from_the_first_step(name):
+    """With the model's N(0, 0.02) weights, gamma ~ N(0, 0.02) left A ~ 1e-11 and the gradients
+    of the maps ~1e-12 (below Adam's eps: the encoder never trained); gamma ~ 1 + N(0, 0.02)
+    makes A a working attention and gives the maps real gradients."""
+    torch.manual_seed(0)
+    params = {"s": 32, "chunk": 16} if name == "flash" else {"s": 32}
+    layer = make_layer(name, d_model=64, heads=1, params=params)
+    for m in layer.modules():  # the extrapolation model's init of every Linear
+        if isinstance(m, torch.nn.Linear):
+            torch.nn.init.normal_(m.weight, std=0.02)
+            torch.nn.init.zeros_(m.bias)
+    x = torch.nn.functional.layer_norm(torch.randn(2, 64, 64), (64,))
+    y = layer(x)
+    (y * torch.randn_like(y)).sum().backward()  # a loss with O(1) gradient at the output
+    g = layer.maps.gamma
+    assert (g.detach() - 1).abs().max() < 0.2  # 1 + N(0, 0.02)
+    fresh = g.grad.abs().max().item()
+    assert fresh > 1e-7, fresh  # well above Adam's eps (1e-8): seen 1.3e-6 (gau), 4e-4 (flash)
+    with torch.no_grad():  # the paper's gamma ~ N(0, 0.02): the same layer, gradients vanish
+        g.normal_(std=0.02)
+    layer.zero_grad()
+    y = layer(x)
+    (y * torch.randn_like(y)).sum().backward()
+    paper = g.grad.abs().max().item()
+    assert fresh > 30 * paper, (fresh, paper)  # seen 4e-12 (gau, x3e5 less), 9e-6 (flash)
+
+
 def test_layer_records():
     assert GAU.whole_block and FLASH.whole_block and not MC.whole_block
     assert registry.get("flash-quad") is GAU
