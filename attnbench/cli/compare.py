@@ -107,14 +107,15 @@ def compare_cmd(
     table = Table(title=f"attnbench compare: {result.headline()}", caption=thresholds.describe())
     for col in ("case", "metric", "baseline", "current", "ratio", "verdict", "note"):
         table.add_column(col, justify="right" if col == "ratio" else "left", overflow="fold")
-    for ln in result.shown(show_all, changes_only=True):
+    changes = result.shown(show_all, changes_only=True)
+    for ln in changes:
         style = STYLE.get(ln.verdict, "")
         ratio = f"{ln.ratio:.3f}" if ln.ratio is not None else ""
         verdict = f"[{style}]{ln.verdict}[/{style}]" if style else ln.verdict
         cells = (ln.case, ln.metric, ln.baseline, ln.current)
         table.add_row(*map(escape, cells), ratio, verdict, escape(ln.note))
-    quiet = len(result.lines) - len(result.shown(show_all, changes_only=True))
-    if result.shown(show_all, changes_only=True):
+    quiet = len(result.lines) - len(changes)
+    if changes:
         out.print(table)
     if quiet:
         out.print(f"{quiet} more quantities unchanged or not run (--all shows them)")

@@ -23,17 +23,6 @@ import torch
 import attnbench
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what platform says."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown cpu"
-
-
 def _cpuinfo() -> dict[str, str]:
     """The first processor's fields of /proc/cpuinfo (empty off Linux)."""
     info: dict[str, str] = {}
@@ -49,6 +38,13 @@ def _cpuinfo() -> dict[str, str]:
         name, _, value = line.partition(":")
         info.setdefault(name.strip().lower(), value.strip())
     return info
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what platform says."""
+    return (
+        _cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown cpu"
+    )
 
 
 #: Instruction-set extensions that change which CPU kernels run (and so relative times).

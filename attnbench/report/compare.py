@@ -327,19 +327,19 @@ def compare(
                 raise AttnbenchError(f"--confirm {path}: not comparable with the baseline ({why})")
             out.provenance[str(path)] = rerun.provenance.get(str(path), "")
         out.confirmed_by = list(confirm)
-        out.lines = [_confirmed(line, reruns) for line in out.lines]
+        seen = [{(x.case, x.metric): x for x in rerun.lines} for rerun in reruns]
+        out.lines = [_confirmed(line, seen) for line in out.lines]
     return out
 
 
-def _confirmed(line: Line, reruns: Sequence[Comparison]) -> Line:
-    """``line`` if it is not worse or every re-run says worse too; else an unconfirmed line."""
+def _confirmed(line: Line, reruns: Sequence[Mapping[tuple[str, str], Line]]) -> Line:
+    """``line`` if it is not worse or every re-run (its lines by case and metric) says worse
+    too; else an unconfirmed line."""
     if line.verdict != "worse":
         return line
     seen = []
     for rerun in reruns:
-        match = next(
-            (x for x in rerun.lines if x.case == line.case and x.metric == line.metric), None
-        )
+        match = rerun.get((line.case, line.metric))
         if match is None or match.verdict != "worse":
             got = "absent" if match is None else f"{match.verdict}"
             if match is not None and match.ratio is not None:
