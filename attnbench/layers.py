@@ -39,7 +39,8 @@ class Rotary(nn.Module):
 
     def angles(self, positions: Tensor) -> Tensor:
         """Angles [T, D/2] for float positions [T]."""
-        inv_freq = self.base ** (-torch.arange(0, self.dim, 2, dtype=torch.float64) / self.dim)
+        exponents = torch.arange(0, self.dim, 2, dtype=torch.float64, device=positions.device)
+        inv_freq = self.base ** (-exponents / self.dim)
         return (positions.to(torch.float64) * self.position_scale)[:, None] * inv_freq[None, :]
 
     def _cos_sin(self, t: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

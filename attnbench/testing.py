@@ -7,6 +7,21 @@ small floor per dtype (the baseline's error can be zero or luckily tiny: in floa
 *is* the oracle). Errors are max-abs; the floor is relative to the oracle's max-abs, and never
 below the floor of a unit-scale tensor (an all-zero oracle, e.g. dq at T = 1, must not make every
 rounding error infinitely large). Inputs are N(0, 1), so tensors are of order one.
+
+The floor is what two valid orders of the same sums may differ by, so that a path that sums in
+another order (another CPU's vector width, another thread count, a tiled kernel) is not failed
+where the naive baseline happens to be exact (it is exactly the oracle in float64, and for some
+tiny shapes in float32 too):
+
+    floor = (ROUNDING[dtype] + SUM_ULPS * eps(acc) * sqrt(terms)) * scale
+
+``ROUNDING`` covers rounding the inputs and the result to the test dtype (16 ulps; 8 for
+bfloat16); the second term is
+the random-walk error of summing ``terms`` products in the accumulation dtype ``acc`` (float32
+for float32 and the half types, whose products are summed in float32 on every path here; float64
+for float64), with ``terms`` the longest reduction behind one element of the judged tensor:
+at least T * D (a row's keys times the head dim), and for a tensor smaller than the inputs (a
+parameter shared by batch and heads, e.g. AFT's w) the input elements per element of it.
 """
 
 from __future__ import annotations
@@ -20,14 +35,37 @@ from torch import Tensor
 FACTOR_OUTPUT = 2.0
 FACTOR_GRAD = 3.0
 
-#: Relative error floor per dtype: about 2^-(mantissa bits - 4), i.e. 16 units in the last place
-#: (sums over hundreds of terms in another order differ by a few ulps).
-FLOOR: dict[torch.dtype, float] = {
+#: Rounding inputs and results to the test dtype: 16 units in the last place (8 for bfloat16,
+#: whose 8-bit mantissa makes 16 ulps a 6 % error).
+ROUNDING: dict[torch.dtype, float] = {
     torch.float64: 2.0**-48,
     torch.float32: 2.0**-19,
     torch.float16: 2.0**-6,
     torch.bfloat16: 2.0**-4,
 }
+#: Units in the last place of the accumulation dtype, times sqrt(terms), for a reordered sum.
+SUM_ULPS = 4
+#: The accumulation dtype of each test dtype (see the module docstring).
+ACCUMULATION: dict[torch.dtype, torch.dtype] = {
+    torch.float64: torch.float64,
+    torch.float32: torch.float32,
+    torch.float16: torch.float32,
+    torch.bfloat16: torch.float32,
+}
+
+
+def eps(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps
+
+
+def floor(dtype: torch.dtype, terms: int) -> float:
+    """The relative error floor (times the tensor's scale) for ``terms`` summed products."""
+    acc = ACCUMULATION.get(dtype, dtype)
+    return ROUNDING[dtype] + SUM_ULPS * eps(acc) * max(1, terms) ** 0.5
+
+
+#: The floor of a reduction of one term, per dtype (what the floor can never go below).
+FLOOR: dict[torch.dtype, float] = {d: floor(d, 1) for d in ACCUMULATION}
 
 
 @dataclass(frozen=True)
@@ -51,11 +89,14 @@ def max_error(x: Tensor, oracle: Tensor) -> float:
     return (x.double() - oracle).abs().max().item()
 
 
-def judge(name: str, fast: Tensor, baseline: Tensor, oracle: Tensor, factor: float) -> Verdict:
+def judge(
+    name: str, fast: Tensor, baseline: Tensor, oracle: Tensor, factor: float, terms: int = 1
+) -> Verdict:
+    """``terms``: the longest sum behind one element (see the module docstring)."""
     e_fast = max_error(fast, oracle)
     e_base = max_error(baseline, oracle)
     scale = max(oracle.abs().max().item() if oracle.numel() else 0.0, 1.0)
-    allowed = factor * e_base + FLOOR[fast.dtype] * scale
+    allowed = factor * e_base + floor(fast.dtype, terms) * scale
     ok = e_fast <= allowed and bool(torch.isfinite(fast).all())
     return Verdict(name, e_fast, e_base, allowed, ok)
 
@@ -87,6 +128,12 @@ def compare_paths(
 ) -> list[Verdict]:
     """Judge ``fast`` against ``reference`` on ``inputs`` (outputs and, if asked, gradients)."""
     dtype = inputs["q"].dtype
+    row = inputs["q"].shape[-2] * inputs["q"].shape[-1]  # T * D: one row's keys x head dim
+    total = sum(t.numel() for t in inputs.values())
+
+    def terms(t: Tensor) -> int:
+        return max(row, total // max(1, t.numel()))
+
     oracle_inputs = {k: v.detach().double().requires_grad_(backward) for k, v in inputs.items()}
     test_inputs = {k: v.detach().requires_grad_(backward) for k, v in inputs.items()}
     if not backward:
@@ -94,7 +141,7 @@ def compare_paths(
             o_ref = reference(**oracle_inputs, **kwargs)
             o_base = reference(**test_inputs, **kwargs)
             o_fast = fast(**test_inputs, **kwargs)
-        return [judge("output", o_fast, o_base, o_ref, FACTOR_OUTPUT)]
+        return [judge("output", o_fast, o_base, o_ref, FACTOR_OUTPUT, terms(o_ref))]
     with torch.no_grad():
         probe = reference(**test_inputs, **kwargs)
     gen = torch.Generator().manual_seed(seed)
@@ -102,7 +149,10 @@ def compare_paths(
     o_ref, g_ref = run_with_grads(reference, oracle_inputs, grad_out, kwargs)
     o_base, g_base = run_with_grads(reference, test_inputs, grad_out.to(dtype), kwargs)
     o_fast, g_fast = run_with_grads(fast, test_inputs, grad_out.to(dtype), kwargs)
-    verdicts = [judge("output", o_fast, o_base, o_ref, FACTOR_OUTPUT)]
+    verdicts = [judge("output", o_fast, o_base, o_ref, FACTOR_OUTPUT, terms(o_ref))]
     for name in g_ref:
-        verdicts.append(judge(f"d{name}", g_fast[name], g_base[name], g_ref[name], FACTOR_GRAD))
+        g = g_ref[name]
+        verdicts.append(
+            judge(f"d{name}", g_fast[name], g_base[name], g, FACTOR_GRAD, terms(g))
+        )
     return verdicts

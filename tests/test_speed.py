@@ -128,7 +128,7 @@ def test_oom_is_a_row_and_longer_lengths_are_skipped(tmp_path):
     assert mine.loc[32, "status"] == "oom"
     assert mine.loc[32, "reason"].startswith("OutOfMemoryError: CUDA out of memory")
     assert mine.loc[64, "status"] == "skipped"
-    assert mine.loc[64, "reason"] == "skipped: out of memory at n=32"
+    assert mine.loc[64, "reason"] == "out of memory at n=32"
     others = df[df["mechanism"] == "softmax"]
     assert (others["status"] == "ok").all() and len(others) == 2 * 3
     assert is_oom(MemoryError())
@@ -282,3 +282,39 @@ def test_every_registered_mechanism_runs_through_the_suite(tmp_path):
     assert set(zip(df["mechanism"], df["path"], strict=True)) == expected
     ok = df[df["status"] == "ok"]
     assert ok["flops"].gt(0).all() and ok["mem_fwd_bytes"].notna().all()
+
+
+class OutOfResources(Exception):
+    """Stands in for triton.runtime.errors.OutOfResources (matched by its type's name)."""
+
+
+def test_out_of_resources_is_unsupported_and_longer_lengths_still_run(tmp_path):
+    def too_big(q, k, v, *, causal):
+        if q.shape[2] == 16:
+            raise OutOfResources("out of resource: shared memory, Required: 270336")
+        return softmax.sdpa(q, k, v, causal=causal)
+
+    suite = tiny(lengths=(16, 32), causal=(False,), directions=("fwd",))
+    run = run_speed(suite, tmp_path, mechanisms=[softmax.MECHANISM, variant("tight", too_big)])
+    mine = read_results(run.csv).query("mechanism == 'tight' and path == 'efficient'")
+    mine = mine.set_index("seq_len")
+    assert mine.loc[16, "status"] == "unsupported"
+    assert "shared memory" in mine.loc[16, "reason"]
+    assert mine.loc[32, "status"] == "ok"  # not skipped as an out-of-memory series would be
+    assert not is_oom(OutOfResources("x"))
+
+
+def test_skips_are_predicted_from_the_timed_median_not_a_warm_up_call(tmp_path):
+    """A slow warm-up call (compilation, autotuning) must not skip the longer lengths."""
+    calls = {"n": 0}
+
+    def slow_once(q, k, v, *, causal):
+        calls["n"] += 1
+        if calls["n"] == 1:  # the warm-up call (FAST takes one)
+            time.sleep(0.3)
+        return softmax.sdpa(q, k, v, causal=causal)
+
+    suite = replace(tiny(lengths=(16, 32), causal=(False,), directions=("fwd",)), max_call_s=0.05)
+    run = run_speed(suite, tmp_path, mechanisms=[softmax.MECHANISM, variant("cold", slow_once)])
+    mine = read_results(run.csv).query("mechanism == 'cold' and path == 'efficient'")
+    assert (mine["status"] == "ok").all(), mine[["seq_len", "status", "reason"]]

@@ -80,7 +80,7 @@ def compare_cmd(
     The terminal table shows what changed (--all: everything); --markdown writes every time
     line too. With --confirm, something worse in CURRENT alone is reported as unconfirmed.
 
-    Example: [bold]attnbench compare runs/ci/results.csv results/baselines/ci.csv[/bold]
+    Example: [bold]attnbench compare runs/ci/results.csv runs/ci-before/results.csv[/bold]
     """
     for name, value in (("--time-ratio", time_ratio), ("--ref-time-ratio", ref_time_ratio)):
         if not value > 1:

@@ -50,6 +50,8 @@ CUDA_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 CACHE_SIZE = 64
 #: Recompilations of the compiled kernel allowed (one per length, direction, score_mod...).
 RECOMPILE_LIMIT = 64
+#: dynamo's limit over all compiled functions together (torch's default is 256).
+ACCUMULATED_RECOMPILE_LIMIT = 4096
 
 _block_masks: OrderedDict[Hashable, Any] = OrderedDict()
 _score_mods: OrderedDict[Hashable, ScoreMod] = OrderedDict()
@@ -163,6 +165,14 @@ def _kernel(device: torch.device) -> Callable[..., Tensor]:
         import torch._dynamo.config as dynamo_config
 
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
+        # The global limit over every compiled function, too; and a limit hit is an error, never
+        # a silent eager (unfused, O(n^2) memory) run timed as if it were the fused kernel.
+        if hasattr(dynamo_config, "accumulated_recompile_limit"):
+            dynamo_config.accumulated_recompile_limit = max(
+                dynamo_config.accumulated_recompile_limit, ACCUMULATED_RECOMPILE_LIMIT
+            )
+        if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
+            dynamo_config.fail_on_recompile_limit_hit = True
         _compiled["cuda"] = torch.compile(flex_attention, dynamic=False)
     return _compiled["cuda"]
 

@@ -111,12 +111,50 @@ def forward(
     BT = block or 64
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     grid = (triton.cdiv(DV, BV), B * H)
-    _chunk_fwd[grid](
-        q, k, v, o, log2g,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        H, T, D, DV,
-        REVERSE=reverse, INTRA=intra, BT=BT, BD=BD, BV=BV, PRECISION=precision,
-        num_warps=4 if BD <= 64 else 8,
-    )  # fmt: skip
+    config = (BT, BD, BV, q.dtype, reverse, intra, str(q.device))
+
+    def launch(num_stages: int | None) -> None:
+        stages = {} if num_stages is None else {"num_stages": num_stages}
+        _chunk_fwd[grid](
+            q, k, v, o, log2g,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            H, T, D, DV,
+            REVERSE=reverse, INTRA=intra, BT=BT, BD=BD, BV=BV, PRECISION=precision,
+            num_warps=4 if BD <= 64 else 8, **stages,
+        )  # fmt: skip
+
+    stages = _STAGES.get(config)
+    try:
+        launch(stages)
+    except OUT_OF_RESOURCES as e:
+        # Triton's default software pipelining keeps num_stages copies of the q, k, v tiles in
+        # shared memory: FLASH's 256-long chunks at head dim 128 need ~270-440 KB of it, over
+        # an H100's 228 KB (seen there). One stage holds one copy; remember it for this config.
+        if stages == 1:
+            raise
+        _STAGES[config] = 1
+        try:
+            launch(1)
+        except OUT_OF_RESOURCES:
+            raise e from None
     return o
+
+
+def _out_of_resources() -> tuple[type[BaseException], ...]:
+    kinds = []
+    for holder in ("triton.runtime.errors", "triton.runtime", "triton.compiler.errors"):
+        try:
+            module = __import__(holder, fromlist=["OutOfResources"])
+        except ImportError:
+            continue
+        kind = getattr(module, "OutOfResources", None)
+        if isinstance(kind, type):
+            kinds.append(kind)
+    return tuple(dict.fromkeys(kinds)) or (RuntimeError,)
+
+
+#: Triton's "out of resource" (shared memory, registers) error, wherever this version keeps it.
+OUT_OF_RESOURCES = _out_of_resources()
+#: num_stages chosen per (BT, BD, BV, dtype, reverse, intra, device) after a refusal.
+_STAGES: dict[tuple, int] = {}

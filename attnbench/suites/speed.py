@@ -108,14 +108,21 @@ OOM_TYPES = _oom_error_types()
 
 
 def is_oom(e: BaseException) -> bool:
-    """torch's OutOfMemoryError, MemoryError, Triton's OutOfResources, or the CPU allocator's
-    RuntimeError when it cannot get memory."""
-    if isinstance(e, OOM_TYPES) or type(e).__name__ == "OutOfResources":
+    """torch's OutOfMemoryError, MemoryError, or the CPU allocator's RuntimeError when it cannot
+    get memory. Triton's OutOfResources is not one: see :func:`is_out_of_resources`."""
+    if isinstance(e, OOM_TYPES):
         return True
     text = str(e).lower()
     return isinstance(e, RuntimeError) and (
         "can't allocate memory" in text or "out of memory" in text
     )
+
+
+def is_out_of_resources(e: BaseException) -> bool:
+    """Triton's OutOfResources: a kernel configuration that does not fit this GPU's shared
+    memory or registers. A property of the kernel and the GPU, not of the length: the case is
+    ``unsupported`` with the reason, and longer lengths are still tried."""
+    return type(e).__name__ == "OutOfResources"
 
 
 def one_line(e: BaseException, limit: int = 240) -> str:
@@ -373,9 +380,11 @@ class _Runner:
 
     def _fail(self, case: Case, e: BaseException) -> None:
         """An exception while setting up, warming up or timing a case: an oom or error row."""
-        if is_oom(e):
+        if is_out_of_resources(e):
+            self._emit(case, self._row(case, "unsupported", one_line(e)))
+        elif is_oom(e):
             n = case.shape.seq_len
-            self.skip[case.series] = f"skipped: out of memory at n={n}"
+            self.skip[case.series] = f"out of memory at n={n}"
             self._emit(case, self._row(case, "oom", one_line(e)))
         else:
             self._emit(case, self._row(case, "error", one_line(e)))
@@ -561,11 +570,15 @@ class _Runner:
             n = case.shape.seq_len
             longer = [x for x in self.suite.lengths if x > n]
             # Predict the next length's call as if the path were quadratic (the worst case here):
-            # a sweep that waits to see a slow call has already spent it.
-            predicted = m.warm.per_call_s * (min(longer) / n) ** QUADRATIC if longer else 0.0
-            if limit and max(m.warm.per_call_s, predicted) > limit:
+            # a sweep that waits to see a slow call has already spent it. The prediction starts
+            # from the median of the timed samples, never from one call or a warm-up call (which
+            # may still compile, autotune or grow the allocator: seen on an H100, 0.6 s for a
+            # warm-up call whose timed median was 0.2 ms).
+            per_call = t.median
+            predicted = per_call * (min(longer) / n) ** QUADRATIC if longer else 0.0
+            if limit and max(per_call, predicted) > limit:
                 self.skip[case.series] = (
-                    f"skipped: one call took {m.warm.per_call_s:.2g} s at n={n}, "
+                    f"a call took {per_call:.2g} s (median of {t.n}) at n={n}, "
                     f"{predicted:.2g} s predicted at n={min(longer) if longer else n} "
                     f"(suite limit max_call_s = {limit:g})"
                 )

@@ -261,7 +261,7 @@ class SpeedSuite:
         return {
             "name": self.name,
             "description": self.description,
-            "file": self.file,
+            "file": portable_path(self.file),
             "sha256": self.sha256,
             "mechanisms": list(self.mechanisms),
             "exclude": list(self.exclude),
@@ -290,6 +290,22 @@ class SpeedSuite:
 # --------------------------------------------------------------------------------------------
 # Reading a file
 # --------------------------------------------------------------------------------------------
+
+
+def portable_path(file: str) -> str:
+    """A suite file as a sidecar records it: relative to the attnbench checkout or package it
+    ships in (``suites/ci.toml``), else its name alone: never a machine's absolute path (the
+    sha256 beside it identifies the content)."""
+    from pathlib import Path
+
+    if not file:
+        return file
+    path = Path(file).resolve()
+    package = Path(__file__).resolve().parent.parent  # attnbench/
+    for root in (package.parent, package):
+        if path.is_relative_to(root):
+            return path.relative_to(root).as_posix()
+    return path.name
 
 
 def load_suite(name: str, mechanisms: Sequence[Mechanism] | None = None) -> SpeedSuite:

@@ -1,0 +1,373 @@
+"""The GPU runbook: numbered steps that check and measure attnbench on a CUDA machine.
+
+    PYTHONPATH=. python scripts/gpu_check.py STEP OUT [--dry-run] [--force] [--budget-s 540]
+
+STEP is a number or a name (``all`` runs every step in order); OUT is a folder. Each step writes
+its logs, CSVs and sidecars to ``OUT/<number>-<name>/`` and a ``DONE`` file when it finished; a
+step whose ``DONE`` exists is skipped (resume), unless ``--force``. Steps are independent: any
+can run alone, in any order, each in its own command. Every step stops itself within
+``--budget-s`` seconds (default 540, under a 10-minute command): a speed sweep is sent SIGINT,
+which ends it cleanly with every finished row on disk.
+
+  0 env          GPU, driver, versions, clocks, SDPA backends, dynamo limits, TF32 flags
+  1 tests-fused  pytest -m gpu on the fused paths that are not FlexAttention (SDPA, Triton)
+  2 tests-flex   pytest -m gpu on the FlexAttention paths
+  3 dense        softmax efficient / sdpa-flash / sdpa-efficient / sdpa-cudnn and
+                 softmax-logn:flex, n = 1k, 4k, 16k, bf16, head dims 64 and 128, fwd and fwd+bwd
+  4 sparse       local:flex (window 512) at 8k and 32k against dense flash; bigbird, longnet and
+                 atrous flex
+  5 triton       the Triton gau, flash, linear and retention kernels at 8k and 64k, causal
+  6 extrapolate  a few hundred steps of ``run extrapolate --preset paper``: the step time
+
+``--dry-run`` runs every step on the CPU with tiny shapes and the paths a CPU has (the tests
+steps only collect), so that CI finds a typo in this script, not the GPU. Nothing here needs a
+network or an install: only what ``PYTHONPATH=. python -m attnbench`` needs.
+
+Compile caches: TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR default to ``.gpucache/`` in the
+repository (ignored by git), so a second command on the same machine reuses the first one's
+compiled kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_BUDGET_S = 540
+
+
+@dataclass(frozen=True)
+class Context:
+    out: Path  # this step's folder
+    dry: bool
+    budget_s: float
+    python: str = sys.executable
+
+    def attnbench(self, *args: str) -> list[str]:
+        return [self.python, "-m", "attnbench", *args]
+
+
+def env_vars() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    cache = ROOT / ".gpucache"
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+    env.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+    # The allocator's segments grow instead of fragmenting across lengths (memory rows).
+    env.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    return env
+
+
+def run(ctx: Context, name: str, cmd: list[str], budget_s: float | None = None) -> int:
+    """Run ``cmd`` with its output in ``OUT/<step>/<name>.log``; SIGINT at the budget (a clean
+    stop for attnbench), SIGKILL 30 s later. Returns the exit code (124 when stopped)."""
+    budget = budget_s if budget_s is not None else ctx.budget_s
+    log = ctx.out / f"{name}.log"
+    with log.open("w") as f:
+        f.write(f"$ {shlex.join(cmd)}\n")
+        f.flush()
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env_vars(), cwd=ROOT)
+        try:
+            return proc.wait(timeout=budget)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            f.write(f"\n[gpu_check] stopped after {budget:.0f} s (budget)\n")
+            return 124
+
+
+# --------------------------------------------------------------------------------------------
+# Step 0: the environment
+# --------------------------------------------------------------------------------------------
+
+
+def step_env(ctx: Context) -> int:
+    import torch
+
+    info: dict = {"python": sys.version.split()[0], "platform": platform.platform()}
+    info["torch"] = torch.__version__
+    info["cuda"] = torch.version.cuda
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    info["cuda_available"] = torch.cuda.is_available()
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = props.name
+        info["gpu_memory_bytes"] = props.total_memory
+        info["multiprocessors"] = props.multi_processor_count
+        info["capability"] = f"{props.major}.{props.minor}"
+        info["cudnn"] = torch.backends.cudnn.version()
+        info["sdpa"] = sdpa_backends()
+    info["tf32"] = {
+        "matmul": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+    import torch._dynamo.config as dynamo_config
+
+    info["dynamo"] = {
+        key: getattr(dynamo_config, key, None)
+        for key in ("recompile_limit", "accumulated_recompile_limit", "fail_on_recompile_limit_hit")
+    }
+    info["nvidia_smi"] = nvidia_smi()
+    (ctx.out / "env.json").write_text(json.dumps(info, indent=2, default=str) + "\n")
+    print(json.dumps(info, indent=2, default=str))
+    return 0
+
+
+def sdpa_backends() -> dict[str, str]:
+    """For a bf16 call at head dim 64 and 128: which pinned SDPA backend runs, and which one
+    F.scaled_dot_product_attention picks on its own (softmax:efficient's)."""
+    import torch
+
+    from attnbench.kernels.sdpa import BACKENDS, backend_reasons
+
+    out = {}
+    for d in (64, 128):
+        q = torch.randn(1, 4, 256, d, device="cuda", dtype=torch.bfloat16)
+        for name in BACKENDS:
+            why = backend_reasons(name, q, q, q, False, False)
+            out[f"{name} d={d}"] = "available" if not why else "; ".join(why)
+        out[f"default d={d}"] = default_sdpa_backend(q)
+    return out
+
+
+def default_sdpa_backend(q) -> str:
+    """The kernel SDPA's own dispatch runs, read from the profiler's kernel names."""
+    import torch
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        F.scaled_dot_product_attention(q, q, q)
+        torch.cuda.synchronize()
+    names = " ".join(e.name for e in prof.events()).lower()
+    for needle, name in (("cudnn", "cudnn"), ("flash", "flash"), ("fmha", "efficient"),
+                         ("mem_eff", "efficient")):  # fmt: skip
+        if needle in names:
+            return name
+    return "unknown (no known kernel name in the profile)"
+
+
+def nvidia_smi() -> str:
+    query = "name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw"
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"nvidia-smi not available ({e})"
+    return done.stdout.strip() or done.stderr.strip()
+
+
+# --------------------------------------------------------------------------------------------
+# Steps 1 and 2: the GPU tests
+# --------------------------------------------------------------------------------------------
+
+
+def pytest_step(ctx: Context, selection: str) -> int:
+    cmd = [ctx.python, "-m", "pytest", "-o", "addopts=", "-m", "gpu", "-k", selection,
+           "-p", "no:cacheprovider", "-q", "-rfEs", "--tb=short", "tests/test_fused_gpu.py",
+           f"--junitxml={ctx.out / 'junit.xml'}"]  # fmt: skip
+    if ctx.dry:
+        cmd.append("--collect-only")
+    elif _has_module("xdist"):
+        cmd += ["-n", str(min(8, os.cpu_count() or 1))]
+    return run(ctx, "pytest", cmd)
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Steps 3-5: speed sweeps, each a suite file written beside its results
+# --------------------------------------------------------------------------------------------
+
+
+def suite_text(
+    name: str, mechanisms: list[str], lengths: list[int], head_dims: list[int],
+    causal: list[bool], reference: str, dry: bool, params: dict[str, dict] | None = None,
+) -> str:  # fmt: skip
+    """A speed suite file: flash-attention's sweep shape (16k tokens a batch, hidden 2048), bf16
+    on CUDA; in dry mode float32 on the CPU with tiny lengths and shapes."""
+    if dry:
+        lengths, head_dims = [64, 128], [32]
+        device, dtype, tokens, hidden = "cpu", "float32", 256, 64
+    else:
+        device, dtype, tokens, hidden = "cuda", "bfloat16", 16384, 2048
+    lines = [
+        f'name = "{name}"',
+        "[grid]",
+        f"mechanisms = {json.dumps(mechanisms)}",
+        f'device = "{device}"',
+        f'dtypes = ["{dtype}"]',
+        'directions = ["fwd", "fwdbwd"]',
+        f"causal = {json.dumps(causal)}",
+        f"lengths = {json.dumps(lengths)}",
+        f'reference = "{reference}"',
+        "[shape]",
+        f"tokens = {tokens}",
+        f"hidden = {hidden}",
+        f"head_dims = {json.dumps(head_dims)}",
+        "[limits]",
+        f"max_call_s = {1.0 if dry else 2.0}",
+        "[timing]",
+        "warmup_calls = 5",
+        "warmup_s = 0.1",
+        f"rounds = {3 if dry else 10}",
+        "min_rounds = 3",
+        f"block_s = {0.002 if dry else 0.02}",
+        f"group_budget_s = {2.0 if dry else 10.0}",
+        f"matmul_size = {256 if dry else 8192}",
+    ]
+    for mech, values in (params or {}).items():
+        lines.append(f"[params.{mech}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def speed_step(ctx: Context, name: str, cpu_mechanisms: list[str], **suite) -> int:
+    if ctx.dry:  # the CPU has no fused paths: the same step shape with CPU paths
+        suite["mechanisms"] = cpu_mechanisms
+        suite["reference"] = cpu_mechanisms[0]
+    path = ctx.out / "suite.toml"
+    path.write_text(suite_text(name, dry=ctx.dry, **suite))
+    cmd = ctx.attnbench("run", "speed", "--suite", str(path), "--out", str(ctx.out / "results"),
+                        "--overwrite")  # fmt: skip
+    return run(ctx, "speed", cmd)
+
+
+def step_dense(ctx: Context) -> int:
+    return speed_step(
+        ctx, "gpu-dense",
+        ["softmax:efficient", "softmax-logn:efficient"],
+        mechanisms=["softmax:efficient", "softmax:sdpa-flash", "softmax:sdpa-efficient",
+                    "softmax:sdpa-cudnn", "softmax-logn:flex"],
+        lengths=[1024, 4096, 16384], head_dims=[64, 128], causal=[False, True],
+        reference="softmax:sdpa-flash",
+    )  # fmt: skip
+
+
+def step_sparse(ctx: Context) -> int:
+    return speed_step(
+        ctx, "gpu-sparse",
+        ["softmax:efficient", "local:efficient", "atrous:efficient"],
+        mechanisms=["softmax:sdpa-flash", "local:flex", "bigbird:flex", "longnet:flex",
+                    "atrous:flex"],
+        lengths=[8192, 32768], head_dims=[128], causal=[False],
+        reference="softmax:sdpa-flash", params={"local": {"window": 512}},
+    )  # fmt: skip
+
+
+def step_triton(ctx: Context) -> int:
+    return speed_step(
+        ctx, "gpu-triton",
+        ["softmax:efficient", "linear:chunkwise", "retention:chunkwise"],
+        mechanisms=["softmax:sdpa-flash", "gau:triton", "flash:triton", "linear:triton",
+                    "retention:triton"],
+        lengths=[8192, 65536], head_dims=[128], causal=[True],
+        reference="softmax:sdpa-flash",
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Step 6: the extrapolation preset's step time
+# --------------------------------------------------------------------------------------------
+
+
+def step_extrapolate(ctx: Context) -> int:
+    preset, steps = ("cpu", "4") if ctx.dry else ("paper", "300")
+    cmd = ctx.attnbench(
+        "run", "extrapolate", "--preset", preset, "--variants", "O", "--seeds", "1",
+        "--steps", steps, "--warmup", "2" if ctx.dry else "100", "--eval-lengths", "64",
+        "--eval-time", "none", "--out", str(ctx.out / "results"), "--overwrite",
+    )  # fmt: skip
+    code = run(ctx, "extrapolate", cmd)
+    sidecar = ctx.out / "results" / "extrapolate.json"
+    if sidecar.is_file():
+        trainings = json.loads(sidecar.read_text()).get("trainings", [])
+        for t in trainings:
+            print(f"{t.get('variant')} seed {t.get('seed')}: {t.get('ms_per_step')} ms per step "
+                  f"over {t.get('steps')} steps")  # fmt: skip
+    return code
+
+
+# --------------------------------------------------------------------------------------------
+
+
+STEPS: dict[str, tuple[int, Callable[[Context], int]]] = {
+    "env": (0, step_env),
+    "tests-fused": (1, lambda ctx: pytest_step(ctx, "not flex")),
+    "tests-flex": (2, lambda ctx: pytest_step(ctx, "flex")),
+    "dense": (3, step_dense),
+    "sparse": (4, step_sparse),
+    "triton": (5, step_triton),
+    "extrapolate": (6, step_extrapolate),
+}
+
+
+def resolve(step: str) -> list[str]:
+    if step == "all":
+        return list(STEPS)
+    for name, (number, _) in STEPS.items():
+        if step in (name, str(number)):
+            return [name]
+    accepted = ", ".join(f"{n} {name}" for name, (n, _) in STEPS.items())
+    raise SystemExit(f"error: unknown step {step!r}; accepted: {accepted}, all")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("step", help="a step number or name, or 'all'")
+    ap.add_argument("out", type=Path, help="output folder (one subfolder per step)")
+    ap.add_argument("--dry-run", action="store_true", help="tiny CPU version of each step")
+    ap.add_argument("--force", action="store_true", help="run steps that are already DONE")
+    ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S,
+                    help="seconds a step may take before it is stopped cleanly")  # fmt: skip
+    args = ap.parse_args(argv)
+    names = resolve(args.step)
+    worst = 0
+    for name in names:
+        number, fn = STEPS[name]
+        out = args.out / f"{number}-{name}"
+        if (out / "DONE").is_file() and not args.force:
+            print(f"step {number} {name}: already done ({out / 'DONE'}); --force to redo")
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        code = fn(Context(out, args.dry_run, args.budget_s))
+        wall = time.perf_counter() - started
+        status = "ok" if code == 0 else ("stopped at the budget" if code == 124 else f"exit {code}")
+        print(f"step {number} {name}: {status} in {wall:.0f} s -> {out}")
+        if code == 0:
+            (out / "DONE").write_text(f"{wall:.1f} s\n")
+        worst = worst or code
+    return 1 if worst else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""What keeps a first GPU run from failing or misleading, checked on the CPU: the runbook's steps
+in dry mode, the Triton kernel's retry on a shared-memory refusal, FlexAttention's dynamo limits,
+and the rotary frequencies following their positions' device."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_runbook_every_step_in_dry_mode(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "all", str(tmp_path), "--dry-run",
+         "--budget-s", "240"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    for number, name in enumerate(
+        ["env", "tests-fused", "tests-flex", "dense", "sparse", "triton", "extrapolate"]
+    ):
+        assert (tmp_path / f"{number}-{name}" / "DONE").is_file(), done.stdout
+    for step in ("3-dense", "4-sparse", "5-triton"):
+        rows = (tmp_path / step / "results" / "results.csv").read_text().splitlines()
+        assert len(rows) > 1 and all(",error," not in r for r in rows), step
+    assert "collected" in (tmp_path / "1-tests-fused" / "pytest.log").read_text()
+    # Resume: a finished step is not run again.
+    again = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "0", str(tmp_path), "--dry-run"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert again.returncode == 0 and "already done" in again.stdout
+
+
+def test_runbook_rejects_an_unknown_step(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "scripts/gpu_check.py", "7", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0 and "unknown step '7'" in done.stderr
+
+
+def test_chunk_kernel_retries_with_one_stage_when_shared_memory_runs_out(monkeypatch):
+    triton_retention = pytest.importorskip("attnbench.kernels.triton_retention")
+    refusal = triton_retention.OUT_OF_RESOURCES[0]
+    launches = []
+
+    class FakeKernel:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                launches.append(kwargs.get("num_stages"))
+                if kwargs.get("num_stages") != 1:
+                    try:
+                        raise refusal(270336, 232448, "shared memory")
+                    except TypeError:  # another Triton's signature
+                        raise refusal("shared memory") from None
+
+            return launch
+
+    monkeypatch.setattr(triton_retention, "_chunk_fwd", FakeKernel())
+    monkeypatch.setattr(triton_retention, "_STAGES", {})
+    q = torch.randn(1, 2, 300, 128, dtype=torch.float16)
+    log2g = torch.zeros(2)
+    triton_retention.forward(q, q, q, log2g, reverse=False, intra=False, block=256)
+    assert launches == [None, 1]  # the default first, then one stage
+    triton_retention.forward(q, q, q, log2g, reverse=False, intra=False, block=256)
+    assert launches == [None, 1, 1]  # remembered for this configuration
+
+
+def test_flex_raises_dynamo_limits_and_fails_on_a_limit_hit():
+    from attnbench.kernels import flex
+
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    import torch._dynamo.config as dynamo_config
+
+    flex._kernel(torch.device("cuda"))  # torch.compile is lazy: nothing runs on a GPU here
+    assert dynamo_config.recompile_limit >= flex.RECOMPILE_LIMIT
+    if hasattr(dynamo_config, "accumulated_recompile_limit"):
+        assert dynamo_config.accumulated_recompile_limit >= flex.ACCUMULATED_RECOMPILE_LIMIT
+    if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
+        assert dynamo_config.fail_on_recompile_limit_hit is True
+
+
+def test_a_recompile_limit_hit_is_an_error_not_a_silent_eager_run():
+    """What fail_on_recompile_limit_hit buys: past the limit dynamo raises instead of running
+    the function eagerly (for flex: unfused, O(n^2) memory, timed as if fused)."""
+    import torch._dynamo
+    import torch._dynamo.config as dynamo_config
+
+    if not hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
+        pytest.skip("this torch has no fail_on_recompile_limit_hit")
+
+    def f(x):
+        return x * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, dynamic=False, backend="eager")
+    with dynamo_config.patch(recompile_limit=1, fail_on_recompile_limit_hit=True):
+        compiled(torch.ones(2))
+        with pytest.raises(Exception, match="(?i)recompil"):
+            compiled(torch.ones(3))  # a second shape: one recompilation over the limit
+    torch._dynamo.reset()
+
+
+def test_rotary_frequencies_follow_the_positions_device():
+    """Evaluation-time rows failed on CUDA once: the frequencies were made on the CPU."""
+    from attnbench.layers import Rotary
+
+    angles = Rotary(64).angles(torch.arange(5, device="meta"))
+    assert angles.device.type == "meta" and angles.shape == (5, 32)
