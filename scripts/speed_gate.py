@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baselines", type=Path, default=ROOT / "results" / "baselines")
     ap.add_argument("--print-class", action="store_true", help="print this machine's class, exit")
     args = ap.parse_args(argv)
+    args.out = args.out.resolve()  # the base's grid runs from its own worktree
     slug = machine_slug()
     if args.print_class:
         print(slug)
