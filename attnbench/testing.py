@@ -152,7 +152,5 @@ def compare_paths(
     verdicts = [judge("output", o_fast, o_base, o_ref, FACTOR_OUTPUT, terms(o_ref))]
     for name in g_ref:
         g = g_ref[name]
-        verdicts.append(
-            judge(f"d{name}", g_fast[name], g_base[name], g, FACTOR_GRAD, terms(g))
-        )
+        verdicts.append(judge(f"d{name}", g_fast[name], g_base[name], g, FACTOR_GRAD, terms(g)))
     return verdicts

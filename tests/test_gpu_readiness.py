@@ -114,3 +114,10 @@ def test_rotary_frequencies_follow_the_positions_device():
 
     angles = Rotary(64).angles(torch.arange(5, device="meta"))
     assert angles.device.type == "meta" and angles.shape == (5, 32)
+
+
+def test_the_backend_sdpa_picks_is_read_from_the_profiler():
+    from attnbench.kernels.sdpa import default_backend
+
+    q = torch.randn(1, 2, 16, 8)
+    assert default_backend(q, q, q, causal=True) in ("flash", "efficient", "math", "cudnn")

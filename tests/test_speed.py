@@ -318,3 +318,34 @@ def test_skips_are_predicted_from_the_timed_median_not_a_warm_up_call(tmp_path):
     run = run_speed(suite, tmp_path, mechanisms=[softmax.MECHANISM, variant("cold", slow_once)])
     mine = read_results(run.csv).query("mechanism == 'cold' and path == 'efficient'")
     assert (mine["status"] == "ok").all(), mine[["seq_len", "status", "reason"]]
+
+
+def test_a_sticky_cuda_error_stops_the_sweep_and_resume_finishes_it(tmp_path):
+    """An illegal memory access poisons the process's CUDA context: the case is an error row,
+    the sweep stops (every later call would fail too), and --resume in a fresh process runs
+    what is left without redoing finished cases."""
+    state = {"broken": True}
+
+    def crashes(q, k, v, *, causal):
+        if q.shape[2] == 32 and state["broken"]:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return softmax.sdpa(q, k, v, causal=causal)
+
+    mechs = [softmax.MECHANISM, variant("crash", crashes)]
+    suite = tiny(lengths=(16, 32, 64), causal=(False,), directions=("fwd",))
+    first = run_speed(suite, tmp_path, mechanisms=mechs)
+    assert first.stopped and "--resume" in first.stopped and first.not_run
+    rows = read_results(first.csv)
+    bad = rows.query("mechanism == 'crash' and path == 'efficient' and seq_len == 32")
+    assert list(bad["status"]) == ["error"]
+    assert 64 not in set(rows["seq_len"])  # nothing after the crash ran in the broken process
+    done_before = len(rows)
+
+    state["broken"] = False  # a fresh process
+    second = run_speed(suite, tmp_path, mechanisms=mechs, resume=True)
+    assert not second.stopped and not second.not_run
+    rows = read_results(second.csv)
+    assert len(rows) == len(set(map(tuple, rows[["mechanism", "path", "seq_len"]].values)))
+    assert len(rows) == 2 * 2 * 3  # every case once: 2 mechanisms x 2 paths x 3 lengths
+    assert len(rows) > done_before
+    assert json.loads(second.sidecar.read_text())["resumed_with_rows"] == done_before

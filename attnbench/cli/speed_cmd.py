@@ -19,6 +19,8 @@ from attnbench.suites.speed import SpeedRun, describe_not_run, run_speed, summar
 from attnbench.suites.speed_suite import load_suite, override
 
 INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C (128 + SIGINT)
+#: The sweep stopped on a sticky CUDA error: run the same command again with --resume (EX_TEMPFAIL).
+STOPPED = 75
 
 
 def _ms(x: Any) -> str:
@@ -207,6 +209,10 @@ def speed(
         typer.Option("--out", help="Output directory (default runs/speed/SUITE-TIME)."),
     ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace results already in --out.")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(help="Continue the run in --out: cases that already have a row are kept."),
+    ] = False,
 ) -> None:
     """Time, throughput, FLOPs, roofline and peak memory of every mechanism and path.
 
@@ -214,7 +220,8 @@ def speed(
 
     Also complexity.csv (fitted exponents of time and memory in n) and results.json (provenance).
 
-    Ctrl-C stops cleanly and keeps every finished row.
+    Ctrl-C stops cleanly and keeps every finished row; --resume continues such a run (and one
+    stopped by a sticky CUDA error, exit 75) in the same --out.
 
     Example: [bold]attnbench run speed --impl softmax --impl flash-tiled --lengths 512,2048[/bold]
     """
@@ -236,7 +243,10 @@ def speed(
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         out_dir = Path("runs") / "speed" / f"{chosen.name}-{stamp}"
     reporter = RichReporter() if sys.stderr.isatty() else PlainReporter()
-    run = run_speed(chosen, out_dir, reporter=reporter, overwrite=overwrite)
+    run = run_speed(chosen, out_dir, reporter=reporter, overwrite=overwrite, resume=resume)
     print_summary(run)
+    if run.stopped:
+        err.print(f"[red]stopped:[/red] {run.stopped}")
+        raise typer.Exit(STOPPED)
     if run.interrupted:
         raise typer.Exit(INTERRUPTED)

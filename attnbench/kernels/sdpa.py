@@ -127,3 +127,29 @@ def backend_paths(
         )
         for backend in BACKENDS
     )
+
+
+def default_backend(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> str:
+    """The kernel ``F.scaled_dot_product_attention`` picks by itself for this call (what the
+    softmax mechanism's ``efficient`` path runs), read from the profiler's kernel names:
+    ``cudnn``, ``flash``, ``efficient`` or ``math``; ``unknown`` when no name matches."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if q.device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    with torch.no_grad(), profile(activities=activities) as prof:
+        F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        if q.device.type == "cuda":
+            torch.cuda.synchronize(q.device)
+    names = " ".join(e.name for e in prof.events()).lower()
+    for needle, name in (
+        ("cudnn", "cudnn"),
+        ("flash", "flash"),
+        ("efficient_attention", "efficient"),
+        ("fmha", "efficient"),
+        ("math", "math"),
+    ):
+        if needle in names:
+            return name
+    return "unknown"

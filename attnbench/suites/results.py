@@ -112,11 +112,14 @@ def params_text(params: Mapping[str, Any]) -> str:
 class ResultsWriter:
     """Appends rows to a new CSV, flushing after each one so nothing finished is ever lost."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, append: bool = False) -> None:
+        """``append``: continue an existing results file (its header is kept)."""
         self.path = path
-        self._file: TextIO = path.open("w", newline="", encoding="utf-8")
+        append = append and path.is_file() and path.stat().st_size > 0
+        self._file: TextIO = path.open("a" if append else "w", newline="", encoding="utf-8")
         self._csv = csv.writer(self._file)
-        self._csv.writerow(COLUMNS)
+        if not append:
+            self._csv.writerow(COLUMNS)
         self._file.flush()
         self.rows = 0
 
@@ -130,6 +133,11 @@ class ResultsWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def row_key(row: Mapping[str, Any]) -> tuple[str, ...]:
+    """A row's KEY columns as written (what identifies a case across runs and resumes)."""
+    return tuple(cell(row.get(c)) for c in KEY)
 
 
 def sidecar_path(csv_path: Path) -> Path:

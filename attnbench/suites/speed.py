@@ -56,7 +56,7 @@ from attnbench.measure.timing import (
 )
 from attnbench.spec import Mechanism, Path, Shape
 from attnbench.suites.complexity import fit_exponents
-from attnbench.suites.results import COLUMNS, ResultsWriter, params_text
+from attnbench.suites.results import COLUMNS, ResultsWriter, params_text, read_results, row_key
 from attnbench.suites.speed_suite import SpeedSuite, params_for, reference_pair, select
 
 SCHEMA_VERSION = 1
@@ -69,7 +69,11 @@ CONVENTIONS = {
         "milliseconds per call (clock column: wall = elapsed, process-cpu = CPU time of the "
         "process, cuda-events = GPU time): median and p20/p80 over interleaved rounds, each "
         "sample the mean of a block of calls; fwd runs under torch.no_grad(); fwdbwd is forward + "
-        "autograd.grad of all inputs for a fixed random output gradient"
+        "autograd.grad of all inputs for a fixed random output gradient. On CUDA the L2 cache "
+        "is not flushed between samples: a sample is a block of calls lasting at least the "
+        "suite's block_s (20 ms on the GPU suites), whose calls reuse the same inputs as a "
+        "layer's repeated calls would, so one flush per block would change little and a flush "
+        "per call would time the flush's launch with it"
     ),
     "noisy": f"(p80 - p20) / median > {NOISY_SPREAD}",
     "ref_ratio": (
@@ -123,6 +127,27 @@ def is_out_of_resources(e: BaseException) -> bool:
     memory or registers. A property of the kernel and the GPU, not of the length: the case is
     ``unsupported`` with the reason, and longer lengths are still tried."""
     return type(e).__name__ == "OutOfResources"
+
+
+#: Messages of CUDA errors that leave the process's CUDA context unusable: every later call
+#: fails too, so the sweep stops and the rest is run in a fresh process (``--resume``).
+STICKY_CUDA_ERRORS = (
+    "illegal memory access",
+    "illegal instruction",
+    "misaligned address",
+    "unspecified launch failure",
+    "device-side assert",
+    "cudaErrorLaunchFailure",
+)
+
+
+def is_sticky_cuda_error(e: BaseException) -> bool:
+    text = str(e)
+    return isinstance(e, RuntimeError) and any(m in text for m in STICKY_CUDA_ERRORS)
+
+
+class StickyDeviceError(Exception):
+    """Raised inside the runner after a sticky CUDA error's row is written: the sweep stops."""
 
 
 def one_line(e: BaseException, limit: int = 240) -> str:
@@ -279,6 +304,7 @@ class SpeedRun:
     interrupted: bool
     not_run: list[str]
     wall_s: float
+    stopped: str | None = None  # why the sweep ended early other than Ctrl-C (sticky CUDA error)
 
     @property
     def counts(self) -> dict[str, int]:
@@ -333,6 +359,15 @@ class _Runner:
         self.rows: list[dict[str, Any]] = []
         self.done: set[int] = set()  # id() of cases that have a row
         self.skip: dict[tuple, str] = {}  # series -> why its longer lengths are skipped
+        self.stopped: str | None = None  # why the sweep ended early (not Ctrl-C)
+        self.previous: set[tuple[str, ...]] = set()  # keys of rows a resumed run already has
+
+    def resume_from(self, rows: list[dict[str, Any]]) -> None:
+        """Take the rows of an earlier, unfinished run of the same suite: their cases are not
+        run again, and a series that ran out of memory or hit the time limit stays skipped."""
+        for row in rows:
+            self.previous.add(row_key(row))
+            self.rows.append(row)
 
     # -- rows ----------------------------------------------------------------------------------
     def _row(self, case: Case, status: str, reason: str = "", **values: Any) -> dict[str, Any]:
@@ -372,6 +407,13 @@ class _Runner:
         row.update(values)
         return row
 
+    def _previous_status(self, row: Mapping[str, Any]) -> str | None:
+        key = row_key(row)
+        for old in self.rows:
+            if row_key(old) == key:
+                return old.get("status")
+        return None
+
     def _emit(self, case: Case, row: dict[str, Any]) -> None:
         self.writer.write(row)
         self.rows.append(row)
@@ -380,6 +422,9 @@ class _Runner:
 
     def _fail(self, case: Case, e: BaseException) -> None:
         """An exception while setting up, warming up or timing a case: an oom or error row."""
+        if is_sticky_cuda_error(e):
+            self._emit(case, self._row(case, "error", one_line(e)))
+            raise StickyDeviceError(one_line(e))
         if is_out_of_resources(e):
             self._emit(case, self._row(case, "unsupported", one_line(e)))
         elif is_oom(e):
@@ -396,6 +441,13 @@ class _Runner:
         members: list[_Member] = []
         directions = {c.direction for c in group.cases}
         for case in group.cases:
+            if self.previous:
+                row = self._row(case, "ok")
+                if row_key(row) in self.previous:
+                    self.done.add(id(case))
+                    if self._previous_status(row) in ("oom", "skipped"):
+                        self.skip.setdefault(case.series, "skipped in the resumed run")
+                    continue
             if case.series in self.skip:
                 self._emit(case, self._row(case, "skipped", self.skip[case.series]))
                 continue
@@ -591,6 +643,12 @@ class _Runner:
                 self.run_group(group)
         except KeyboardInterrupt:
             return True
+        except StickyDeviceError as e:
+            self.stopped = (
+                f"the CUDA context broke ({e}); every later call in this process would fail: "
+                "run the same command again with --resume, in a fresh process"
+            )
+            return True
         return False
 
     def not_run(self) -> list[str]:
@@ -616,6 +674,7 @@ def run_speed(
     reporter: Reporter | None = None,
     overwrite: bool = False,
     command: Sequence[str] | None = None,
+    resume: bool = False,
 ) -> SpeedRun:
     """Run ``suite``, writing ``results.csv`` (rows as produced), ``results.json`` (provenance)
     and ``complexity.csv`` into ``out_dir``. Never raises on a failing case; raises
@@ -625,8 +684,9 @@ def run_speed(
     device = suite.torch_device()
     groups = plan(suite, mechanisms)
     ref = reference_pair(suite, mechanisms)
-    prepare_out_dir(out_dir, overwrite)
     csv_path, side_path = out_dir / CSV_NAME, out_dir / SIDECAR_NAME
+    previous = _previous_rows(csv_path) if resume else []
+    prepare_out_dir(out_dir, overwrite or resume)
     cx_path = out_dir / COMPLEXITY_NAME
     retained = retain_freed_memory() if suite.timing.retain_memory else False
     threads_before = torch.get_num_threads()
@@ -650,10 +710,15 @@ def run_speed(
         "conventions": CONVENTIONS,
         "files": {"rows": CSV_NAME, "complexity": COMPLEXITY_NAME},
     }
+    if device.type == "cuda":
+        sidecar["cuda"] = cuda_state(suite, device)
     _write_json(side_path, sidecar)
-    writer = ResultsWriter(csv_path)
+    writer = ResultsWriter(csv_path, append=bool(previous))
     total = sum(len(g.cases) for g in groups)
     runner = _Runner(suite, groups, writer, reporter, ref, threads)
+    if previous:
+        runner.resume_from(previous)
+        sidecar["resumed_with_rows"] = len(previous)
     try:
         reporter.start(total, f"{suite.name} on {machine.device_name(device)}")
         interrupted = runner.run()
@@ -679,6 +744,7 @@ def run_speed(
         finished=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         wall_s=round(wall, 2),
         interrupted=interrupted,
+        stopped=runner.stopped,
         calibration=calibration,
         counts={s: sum(1 for r in runner.rows if r["status"] == s) for s in _statuses(runner.rows)},
         noisy_rows=sum(1 for r in runner.rows if r.get("noisy")),
@@ -696,7 +762,58 @@ def run_speed(
         interrupted=interrupted,
         not_run=not_run,
         wall_s=wall,
+        stopped=runner.stopped,
     )
+
+
+def _previous_rows(csv_path: FilePath) -> list[dict[str, Any]]:
+    """The rows of an earlier run in the same folder (``--resume``); none when there is none."""
+    if not csv_path.is_file():
+        return []
+    df = read_results(csv_path)
+    return [{c: _none(v) for c, v in row.items()} for row in df.to_dict("records")]
+
+
+def _none(value: Any) -> Any:
+    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
+        return None
+    return value.item() if hasattr(value, "item") else value
+
+
+def cuda_state(suite: SpeedSuite, device: torch.device) -> dict[str, Any]:
+    """What decides CUDA timings besides the code: TF32 flags, the kernel SDPA's own dispatch
+    picks for each (dtype, head dim) of the suite (what ``softmax:efficient`` runs), and the SM
+    clock after a spin-up of the GPU (one second of matmuls, so the first group is not timed on
+    an idle clock)."""
+    from attnbench.kernels.sdpa import default_backend
+
+    state: dict[str, Any] = {
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "alloc_conf": __import__("os").environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+    }
+    anchor = MatmulAnchor(device, torch.bfloat16, min(suite.matmul_size, 4096))
+    t_end = time.perf_counter() + 1.0
+    while time.perf_counter() < t_end:
+        anchor()
+    torch.cuda.synchronize(device)
+    try:
+        state["sm_clock_mhz"] = torch.cuda.clock_rate(device)
+    except Exception as e:  # needs pynvml; not essential
+        state["sm_clock_mhz"] = f"not read ({one_line(e, 80)})"
+    picks = {}
+    for dtype in suite.torch_dtypes():
+        for d in suite.head_dims:
+            for causal in suite.causal:
+                q = torch.randn(1, 2, 1024, d, device=device, dtype=dtype)
+                tag = f"{str(dtype).removeprefix('torch.')} d={d} {'causal' if causal else 'bidir'}"
+                try:
+                    picks[tag] = default_backend(q, q, q, causal=causal)
+                except Exception as e:
+                    picks[tag] = f"not read ({one_line(e, 80)})"
+    state["sdpa_default_backend"] = picks
+    return state
 
 
 def command_line() -> list[str]:
