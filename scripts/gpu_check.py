@@ -175,8 +175,13 @@ def pytest_step(ctx: Context, selection: str) -> int:
            f"--junitxml={ctx.out / 'junit.xml'}"]  # fmt: skip
     if ctx.dry:
         cmd.append("--collect-only")
-    elif _has_module("xdist"):
-        cmd += ["-n", str(min(8, os.cpu_count() or 1))]
+    else:
+        # The budget's SIGINT still prints the summary of what failed so far (pytest handles
+        # KeyboardInterrupt); a per-test limit keeps one stuck compile from taking the step.
+        if _has_module("xdist"):
+            cmd += ["-n", str(min(8, os.cpu_count() or 1))]
+        if _has_module("pytest_timeout"):
+            cmd += ["--timeout", "300"]
     return run(ctx, "pytest", cmd)
 
 

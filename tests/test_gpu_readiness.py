@@ -121,3 +121,28 @@ def test_the_backend_sdpa_picks_is_read_from_the_profiler():
 
     q = torch.randn(1, 2, 16, 8)
     assert default_backend(q, q, q, causal=True) in ("flash", "efficient", "math", "cudnn")
+
+
+def test_cuda_peak_resets_the_allocator_peak_per_case_and_excludes_the_inputs(monkeypatch):
+    """cuda_peak on a fake allocator: the peak statistic is reset before each measured call,
+    and what was allocated before it (the inputs) is subtracted."""
+    from attnbench.measure import memory
+
+    state = {"allocated": 1000, "peak": 5000, "resets": 0}
+
+    def reset(device=None):
+        state["resets"] += 1
+        state["peak"] = state["allocated"]
+
+    def call():
+        state["peak"] = max(state["peak"], state["allocated"] + 300)  # a 300-byte temporary
+        return "out"
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", reset)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: state["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: state["peak"])
+    first = memory.cuda_peak(call, torch.device("cuda"))
+    second = memory.cuda_peak(call, torch.device("cuda"))
+    assert first.bytes == second.bytes == 300  # not the 5000 peak left by earlier work
+    assert state["resets"] == 2 and first.method == memory.METHOD_CUDA
