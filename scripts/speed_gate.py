@@ -192,8 +192,8 @@ def main(argv: list[str] | None = None) -> int:
             if not git("rev-parse", "--verify", "--quiet", "HEAD~1^{commit}").stdout.strip():
                 # A shallow clone, a first commit, or no git: nothing to measure from. A warning,
                 # not a failure: the user asked for nothing that does not exist.
-                print("warning: speed gate skipped: no previous commit here to measure a "
-                      f"baseline from, and no saved baseline for class {slug}")  # fmt: skip
+                print(f"speed gate: no baseline (none saved for class {slug}, no previous "
+                      "commit here to measure one from): skipped")  # fmt: skip
                 return EXIT_OK
         code, verdict, used = gate_measured(args.base or "HEAD~1", args.out)
     if code == EXIT_USAGE and not used:
