@@ -5,7 +5,9 @@
 1. **A saved baseline of this machine class** (``results/baselines/<class>/ci.csv``, the class
    being the CPU's vendor, family/model and instruction sets, see :func:`machine_slug`): the grid
    is run with the checkout's code and compared; something worse is measured again and counts
-   only if it repeats (``attnbench compare --confirm``).
+   only if it repeats (``attnbench compare --confirm``), and then only if it is also worse than
+   a baseline measured now from the previous commit (2.): a saved baseline is from another time,
+   maybe another host of the class.
 2. **None saved: a measured baseline**, the way ``asv continuous`` works. The base revision
    (``--base``, default the previous commit, ``HEAD~1``) is checked out in a temporary
    ``git worktree`` and run from there on ``PYTHONPATH`` (the package is pure Python: no second
@@ -56,6 +58,10 @@ def git(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
 
 
+def has_previous_commit() -> bool:
+    return bool(git("rev-parse", "--verify", "--quiet", "HEAD~1^{commit}").stdout.strip())
+
+
 def run_grid(out: Path, code_root: Path) -> tuple[bool, str]:
     """The CI grid with the package at ``code_root``; (ok, one line on failure)."""
     env = dict(__import__("os").environ)
@@ -69,10 +75,10 @@ def run_grid(out: Path, code_root: Path) -> tuple[bool, str]:
     return True, ""
 
 
-def gate_saved(baseline: Path, out: Path) -> tuple[int, str]:
+def gate_saved(baseline: Path, out: Path) -> tuple[int, str, set[str]]:
     ok, why = run_grid(out, ROOT)
     if not ok:
-        return EXIT_USAGE, f"the CI grid failed with the current code: {why}"
+        return EXIT_USAGE, f"the CI grid failed with the current code: {why}", set()
     cmp = compare(out / "results.csv", baseline)
     confirm: list[Path] = []
     if cmp.exit_code == EXIT_REGRESSION:
@@ -84,14 +90,15 @@ def gate_saved(baseline: Path, out: Path) -> tuple[int, str]:
             cmp = compare(out / "results.csv", baseline, confirm=confirm)
     (out / "compare.md").write_text(markdown(cmp))
     print(report(cmp), flush=True)
-    return _verdict(cmp.exit_code, cmp.headline(), [cmp])
+    return (*_verdict(cmp.exit_code, cmp.headline(), [cmp]), worse_cases(cmp))
 
 
-def gate_measured(base: str, out: Path) -> tuple[int, str, str]:
-    """(exit code, verdict, what was used) for a baseline measured from ``base``."""
+def gate_measured(base: str, out: Path) -> tuple[int, str, str, set[str]]:
+    """(exit code, verdict, what was used, the cases worse in both pairs) for a baseline
+    measured from ``base``."""
     sha = git("rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").stdout.strip()
     if not sha:
-        return EXIT_USAGE, f"--base {base}: no such revision in this repository", ""
+        return EXIT_USAGE, f"--base {base}: no such revision in this repository", "", set()
     used = f"measured from revision {base} ({sha[:10]})"
     if git("status", "--porcelain", "--untracked-files=no").stdout.strip():
         print("warning: the working tree has uncommitted changes: 'current' measures them",
@@ -101,10 +108,10 @@ def gate_measured(base: str, out: Path) -> tuple[int, str, str]:
     added = git("worktree", "add", "--detach", str(tree), sha)
     if added.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        return EXIT_OK, f"skipped: could not check out {base}: {added.stderr.strip()}", used
+        return EXIT_OK, f"skipped: could not check out {base}: {added.stderr.strip()}", used, set()
     try:
         if not (tree / "suites" / "ci.toml").is_file():
-            return EXIT_OK, f"skipped: revision {base} has no suites/ci.toml", used
+            return EXIT_OK, f"skipped: revision {base} has no suites/ci.toml", used, set()
         runs: dict[str, Path] = {}
         for label, root in (("base1", tree), ("current1", ROOT), ("base2", tree),
                             ("current2", ROOT)):  # fmt: skip
@@ -112,9 +119,11 @@ def gate_measured(base: str, out: Path) -> tuple[int, str, str]:
             runs[label] = out.with_name(f"{out.name}-{label}")
             ok, why = run_grid(runs[label], root)
             if not ok and label.startswith("base"):
-                return EXIT_OK, f"skipped: revision {base} cannot run the CI grid ({why})", used
+                why = f"skipped: revision {base} cannot run the CI grid ({why})"
+                return EXIT_OK, why, used, set()
             if not ok:
-                return EXIT_USAGE, f"the CI grid failed with the current code: {why}", used
+                why = f"the CI grid failed with the current code: {why}"
+                return EXIT_USAGE, why, used, set()
         csv = {k: v / "results.csv" for k, v in runs.items()}
         first = compare(csv["current1"], csv["base1"], confirm=[csv["current2"]])
         second = compare(csv["current2"], csv["base2"], confirm=[csv["current1"]])
@@ -122,19 +131,18 @@ def gate_measured(base: str, out: Path) -> tuple[int, str, str]:
         (out / "compare.md").write_text(markdown(first) + "\n" + markdown(second))
         print(report(first), flush=True)
         print(report(second), flush=True)
-        both = EXIT_REGRESSION if EXIT_REGRESSION == first.exit_code == second.exit_code else (
-            first.exit_code if first.exit_code != EXIT_REGRESSION else second.exit_code
-        )  # fmt: skip
-        if both == EXIT_REGRESSION:
-            worse = sorted(worse_cases(first) & worse_cases(second))
-            headline = "regression in both pairs: " + (", ".join(worse) or first.headline())
-        elif EXIT_REGRESSION in (first.exit_code, second.exit_code):
-            headline = "something looked worse in one pair only (machine noise): not a regression"
+        worse = sorted(worse_cases(first) & worse_cases(second))
+        codes = (first.exit_code, second.exit_code)
+        if worse:
+            both, headline = EXIT_REGRESSION, "regression in both pairs: " + ", ".join(worse)
+        elif EXIT_REGRESSION in codes:
             both = EXIT_OK
+            headline = "something looked worse in one pair only (machine noise): not a regression"
         else:
+            both = EXIT_OK if EXIT_OK in codes else first.exit_code
             headline = first.headline()
         code, verdict = _verdict(both, headline, [first, second])
-        return code, verdict, used
+        return code, verdict, used, set(worse) if code == EXIT_REGRESSION else set()
     finally:
         git("worktree", "remove", "--force", str(tree))
         shutil.rmtree(tmp, ignore_errors=True)
@@ -184,18 +192,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.base is None and saved.is_file():
         shown = saved.relative_to(ROOT) if saved.is_relative_to(ROOT) else saved
         used = f"saved for class {slug} ({shown})"
-        code, verdict = gate_saved(saved, args.out)
+        code, verdict, worse = gate_saved(saved, args.out)
+        if code == EXIT_REGRESSION and has_previous_commit():
+            # A saved baseline was made at another time, maybe on another host of the class:
+            # its alarms are checked against the previous commit measured here and now, and
+            # only the cases worse in both count.
+            print("speed gate: checking the saved baseline's regressions against a baseline "
+                  "measured now from HEAD~1", flush=True)  # fmt: skip
+            m_code, m_verdict, m_used, m_worse = gate_measured("HEAD~1", args.out)
+            if m_code in (EXIT_OK, EXIT_REGRESSION):
+                both = sorted(worse & m_worse)
+                only_saved = sorted(worse - m_worse)
+                if only_saved:
+                    print(f"warning: worse than the saved baseline only ({len(only_saved)}; a "
+                          "change older than the previous commit, or the baseline's own "
+                          "time and host): " + "; ".join(only_saved))  # fmt: skip
+                used += f", confirmed against {m_used}"
+                if both:
+                    verdict = f"FAILED, regression against both: {', '.join(both)}"
+                else:
+                    code = EXIT_OK
+                    verdict = "passed, nothing worse than both baselines"
     else:
         if args.base is None:
             print(f"speed gate: no saved baseline for class {slug}; measuring one from HEAD~1",
                   flush=True)  # fmt: skip
-            if not git("rev-parse", "--verify", "--quiet", "HEAD~1^{commit}").stdout.strip():
+            if not has_previous_commit():
                 # A shallow clone, a first commit, or no git: nothing to measure from. A warning,
                 # not a failure: the user asked for nothing that does not exist.
                 print(f"speed gate: no baseline (none saved for class {slug}, no previous "
                       "commit here to measure one from): skipped")  # fmt: skip
                 return EXIT_OK
-        code, verdict, used = gate_measured(args.base or "HEAD~1", args.out)
+        code, verdict, used, _ = gate_measured(args.base or "HEAD~1", args.out)
     if code == EXIT_USAGE and not used:
         print(f"error: {verdict}", file=sys.stderr)
         return code
