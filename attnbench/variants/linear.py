@@ -42,6 +42,7 @@ from torch import Tensor
 
 from attnbench.kernels import triton_ops
 from attnbench.spec import Mechanism, Param, Path, Shape, positive_int
+from attnbench.variants.accumulate import float32_sums
 
 FEATURE_MAPS: dict[str, Callable[[Tensor], Tensor]] = {
     "elu+1": lambda x: F.elu(x) + 1,  # Katharopoulos et al. 2020
@@ -87,6 +88,7 @@ def _finish(o: Tensor, normalize: bool, eps: float) -> Tensor:
     return o[..., :-1] / (o[..., -1:] + eps) if normalize else o
 
 
+@float32_sums
 def chunkwise(
     q: Tensor,
     k: Tensor,
@@ -117,6 +119,7 @@ def chunkwise(
     return _finish(out.view(b, h, n * c, -1)[:, :, :t], normalize, eps)
 
 
+@float32_sums
 def recurrent(
     q: Tensor,
     k: Tensor,

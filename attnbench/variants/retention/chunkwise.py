@@ -20,9 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench.variants.accumulate import float32_sums
 from attnbench.variants.retention.decay import finish, log_gammas, require_causal, with_ones
 
 
+@float32_sums
 def chunkwise(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str, chunk: int
 ) -> Tensor:
