@@ -16,12 +16,12 @@ tiny shapes in float32 too):
     floor = (ROUNDING[dtype] + SUM_ULPS * eps(acc) * sqrt(terms)) * scale
 
 ``ROUNDING`` covers rounding the inputs and the result to the test dtype (16 ulps; 8 for
-bfloat16); the second term is
-the random-walk error of summing ``terms`` products in the accumulation dtype ``acc`` (float32
-for float32 and the half types, whose products are summed in float32 on every path here; float64
-for float64), with ``terms`` the longest reduction behind one element of the judged tensor:
-at least T * D (a row's keys times the head dim), and for a tensor smaller than the inputs (a
-parameter shared by batch and heads, e.g. AFT's w) the input elements per element of it.
+bfloat16); the second term is the random-walk error of summing ``terms`` products in the
+accumulation dtype ``acc`` (float32 for float32 and the half types, whose products are summed in
+float32 on every path here; float64 for float64), with ``terms`` the longest reduction behind one
+element of the judged tensor: at least T * D (a row's keys times the head dim), and for a tensor
+smaller than the inputs (a parameter shared by batch and heads, e.g. AFT's w) the input elements
+per element of it.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ and the verdict. Exit codes: 0 nothing worse (or skipped), 1 a regression, 2 a u
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -64,7 +65,7 @@ def has_previous_commit() -> bool:
 
 def run_grid(out: Path, code_root: Path) -> tuple[bool, str]:
     """The CI grid with the package at ``code_root``; (ok, one line on failure)."""
-    env = dict(__import__("os").environ)
+    env = dict(os.environ)
     env["PYTHONPATH"] = str(code_root)
     cmd = [sys.executable, "-m", "attnbench", "run", "speed", "--suite",
            str(code_root / "suites" / "ci.toml"), "--out", str(out), "--overwrite"]  # fmt: skip

@@ -39,7 +39,6 @@ Exit codes: 0 nothing worse, 1 at least one regression, 2 usage error, 3 nothing
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +48,7 @@ import pandas as pd
 
 from attnbench.errors import AttnbenchError
 from attnbench.suites.results import KEY, read_results, read_sidecar
+from attnbench.suites.results import plain as _plain
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_NOTHING = 0, 1, 2, 3
 
@@ -175,14 +175,6 @@ def _keyed(df: pd.DataFrame, path: Path) -> dict[tuple, dict[str, Any]]:
             raise AttnbenchError(f"{path}: two rows for the same case ({_label(row)})")
         out[key] = row
     return out
-
-
-def _plain(x: Any) -> Any:
-    if x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x)):
-        return None
-    if hasattr(x, "item"):
-        return x.item()
-    return x
 
 
 def _missing(x: Any) -> bool:

@@ -135,6 +135,15 @@ class ResultsWriter:
         self._file.close()
 
 
+def plain(x: Any) -> Any:
+    """A cell read by pandas as a plain Python value: None for missing, numpy scalars unboxed."""
+    if x is None or x is pd.NA or (isinstance(x, float) and math.isnan(x)):
+        return None
+    if hasattr(x, "item"):
+        return x.item()
+    return x
+
+
 def row_key(row: Mapping[str, Any]) -> tuple[str, ...]:
     """A row's KEY columns as written (what identifies a case across runs and resumes)."""
     return tuple(cell(row.get(c)) for c in KEY)

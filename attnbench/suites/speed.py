@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as _dt
 import gc
 import json
+import os
 import shlex
 import sys
 import time
@@ -56,7 +57,14 @@ from attnbench.measure.timing import (
 )
 from attnbench.spec import Mechanism, Path, Shape
 from attnbench.suites.complexity import fit_exponents
-from attnbench.suites.results import COLUMNS, ResultsWriter, params_text, read_results, row_key
+from attnbench.suites.results import (
+    COLUMNS,
+    ResultsWriter,
+    params_text,
+    plain,
+    read_results,
+    row_key,
+)
 from attnbench.suites.speed_suite import SpeedSuite, params_for, reference_pair, select
 
 SCHEMA_VERSION = 1
@@ -360,13 +368,13 @@ class _Runner:
         self.done: set[int] = set()  # id() of cases that have a row
         self.skip: dict[tuple, str] = {}  # series -> why its longer lengths are skipped
         self.stopped: str | None = None  # why the sweep ended early (not Ctrl-C)
-        self.previous: set[tuple[str, ...]] = set()  # keys of rows a resumed run already has
+        self.previous: dict[tuple[str, ...], str] = {}  # a resumed run's row keys -> status
 
     def resume_from(self, rows: list[dict[str, Any]]) -> None:
         """Take the rows of an earlier, unfinished run of the same suite: their cases are not
         run again, and a series that ran out of memory or hit the time limit stays skipped."""
         for row in rows:
-            self.previous.add(row_key(row))
+            self.previous[row_key(row)] = row["status"]
             self.rows.append(row)
 
     # -- rows ----------------------------------------------------------------------------------
@@ -407,13 +415,6 @@ class _Runner:
         row.update(values)
         return row
 
-    def _previous_status(self, row: Mapping[str, Any]) -> str | None:
-        key = row_key(row)
-        for old in self.rows:
-            if row_key(old) == key:
-                return old.get("status")
-        return None
-
     def _emit(self, case: Case, row: dict[str, Any]) -> None:
         self.writer.write(row)
         self.rows.append(row)
@@ -442,10 +443,10 @@ class _Runner:
         directions = {c.direction for c in group.cases}
         for case in group.cases:
             if self.previous:
-                row = self._row(case, "ok")
-                if row_key(row) in self.previous:
+                status = self.previous.get(row_key(self._row(case, "ok")))
+                if status is not None:
                     self.done.add(id(case))
-                    if self._previous_status(row) in ("oom", "skipped"):
+                    if status in ("oom", "skipped"):
                         self.skip.setdefault(case.series, "skipped in the resumed run")
                     continue
             if case.series in self.skip:
@@ -771,13 +772,7 @@ def _previous_rows(csv_path: FilePath) -> list[dict[str, Any]]:
     if not csv_path.is_file():
         return []
     df = read_results(csv_path)
-    return [{c: _none(v) for c, v in row.items()} for row in df.to_dict("records")]
-
-
-def _none(value: Any) -> Any:
-    if value is None or value is pd.NA or (isinstance(value, float) and value != value):
-        return None
-    return value.item() if hasattr(value, "item") else value
+    return [{c: plain(v) for c, v in row.items()} for row in df.to_dict("records")]
 
 
 def cuda_state(suite: SpeedSuite, device: torch.device) -> dict[str, Any]:
@@ -791,7 +786,7 @@ def cuda_state(suite: SpeedSuite, device: torch.device) -> dict[str, Any]:
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "alloc_conf": __import__("os").environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
     }
     anchor = MatmulAnchor(device, torch.bfloat16, min(suite.matmul_size, 4096))
     t_end = time.perf_counter() + 1.0
