@@ -13,7 +13,7 @@ from torch import Tensor
 
 from attnbench import registry
 from attnbench.errors import AttnbenchError
-from attnbench.spec import Mechanism, Path, Shape
+from attnbench.spec import Mechanism, PathSpec, Shape
 
 
 def parse_impl(text: str) -> tuple[Mechanism, str | None]:
@@ -47,7 +47,7 @@ def check_tensors(mech: Mechanism, q: Tensor, k: Tensor, v: Tensor) -> None:
         raise AttnbenchError(
             f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in heads and seq_len"
         )
-    if not mech.cross and q.shape[2] != k.shape[2]:
+    if q.shape[2] != k.shape[2]:
         raise AttnbenchError(
             f"{mech.name} is self-attention: q has {q.shape[2]} positions, k has {k.shape[2]}; "
             "they must be equal"
@@ -66,9 +66,6 @@ def check_tensors(mech: Mechanism, q: Tensor, k: Tensor, v: Tensor) -> None:
         )
     if not (q.dtype == k.dtype == v.dtype):
         raise AttnbenchError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
-    if q.dtype not in mech.dtypes:
-        ok = ", ".join(str(d).removeprefix("torch.") for d in mech.dtypes)
-        raise AttnbenchError(f"{mech.name} does not support {q.dtype}; accepted: {ok}")
 
 
 def split_kwargs(mech: Mechanism, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -97,13 +94,10 @@ def prepare(
     causal: bool = False,
     path: str | None = None,
     **kwargs: Any,
-) -> tuple[Path, dict[str, Any]]:
-    """Validate one call and choose its path; returns (path, keyword arguments for path.fn)."""
+) -> tuple[PathSpec, dict[str, Any]]:
+    """Validate one call and choose its path; returns (path, keyword arguments for the path)."""
     mech = registry.get(mechanism)
-    if causal and not mech.causal:
-        raise AttnbenchError(f"{mech.name} has no causal form; use causal=False")
-    if not causal and not mech.bidirectional:
-        raise AttnbenchError(f"{mech.name} is causal only; use causal=True")
+    mech.require(path, device=None, causal=causal)  # the direction first: the clearest mistake
     params, extras = split_kwargs(mech, kwargs)
     params = mech.resolve(params)
     check_tensors(mech, q, k, v)
@@ -122,7 +116,7 @@ def prepare(
                 f"{mech.name}: {spec.name} has shape {got} but this call needs {want} ({spec.doc})"
             )
     backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *extras.values()))
-    chosen = mech.select_path(path, q.device, backward)
+    chosen = mech.require(path, device=q.device, dtype=q.dtype, causal=causal, backward=backward)
     return chosen, {"causal": causal, **params, **extras}
 
 
@@ -145,7 +139,7 @@ def attention(
     (defaults otherwise) and its extra inputs.
     """
     chosen, call = prepare(mechanism, q, k, v, causal=causal, path=path, **kwargs)
-    return chosen.fn(q, k, v, **call)
+    return chosen(q, k, v, **call)
 
 
 def _shape_of(q: Tensor, k: Tensor, v: Tensor) -> Shape:

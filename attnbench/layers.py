@@ -18,42 +18,11 @@ import torch
 from torch import Tensor, nn
 
 from attnbench import registry
+from attnbench.building_blocks import DeviceCheck, Rotary
 from attnbench.errors import AttnbenchError
-from attnbench.spec import Mechanism, Path, Shape
+from attnbench.spec import Mechanism, PathSpec, Shape
 
-
-class Rotary(nn.Module):
-    """Rotary position embedding (Su et al., RoFormer) for ``[B, H, T, D]`` tensors.
-
-    Rotates the pairs (x[..., i], x[..., i + D/2]) by angle ``position * position_scale *
-    base^(-2i/D)``. ``position_scale < 1`` is position interpolation; a larger ``base`` is the
-    NTK-aware trick. Both are evaluation-time knobs of the extrapolation suite.
-    """
-
-    def __init__(self, dim: int, base: float = 10000.0, position_scale: float = 1.0):
-        super().__init__()
-        if dim % 2:
-            raise AttnbenchError(f"rotary embedding needs an even head dim, got {dim}")
-        self.dim, self.base, self.position_scale = dim, base, position_scale
-        self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
-
-    def angles(self, positions: Tensor) -> Tensor:
-        """Angles [T, D/2] for float positions [T]."""
-        exponents = torch.arange(0, self.dim, 2, dtype=torch.float64, device=positions.device)
-        inv_freq = self.base ** (-exponents / self.dim)
-        return (positions.to(torch.float64) * self.position_scale)[:, None] * inv_freq[None, :]
-
-    def _cos_sin(self, t: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        key = (t, device, dtype)
-        if key not in self._cache:
-            ang = self.angles(torch.arange(t))
-            self._cache[key] = (ang.cos().to(device, dtype), ang.sin().to(device, dtype))
-        return self._cache[key]
-
-    def forward(self, x: Tensor) -> Tensor:
-        cos, sin = self._cos_sin(x.shape[-2], x.device, x.dtype)  # (T, D/2)
-        x1, x2 = x[..., : self.dim // 2], x[..., self.dim // 2 :]
-        return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+__all__ = ["AttentionMixer", "Rotary", "make_layer"]
 
 
 class AttentionMixer(nn.Module):
@@ -78,17 +47,13 @@ class AttentionMixer(nn.Module):
     ):
         super().__init__()
         self.mech = registry.get(mechanism)
-        if causal and not self.mech.causal:
-            raise AttnbenchError(f"{self.mech.name} has no causal form")
-        if not causal and not self.mech.bidirectional:
-            raise AttnbenchError(f"{self.mech.name} is causal only")
+        self.path: PathSpec = self.mech.require(path, device=None, causal=causal)
         if head_dim is None:
             if d_model % heads:
                 raise AttnbenchError(f"d_model={d_model} is not divisible by heads={heads}")
             head_dim = d_model // heads
         self.params = self.mech.resolve(params)
         self.causal, self.heads, self.head_dim = causal, heads, head_dim
-        self.path: Path = self.mech.path(path) if path else self.mech.default_path
         shape = self.mech.shape_for(Shape(1, heads, max_len, head_dim), self.params)
         self.kv_heads, self.value_dim = shape.hkv, shape.dv
         self.wq = nn.Linear(d_model, heads * head_dim, bias=False)
@@ -111,22 +76,17 @@ class AttentionMixer(nn.Module):
                     "is not a fixed-size learned parameter"
                 )
             self.extras[spec.name] = nn.Parameter(torch.randn(dims) * spec.init_std)
-        self._checked: set[tuple[str, bool]] = set()
+        self.device_check = DeviceCheck(self.mech, self.path)
 
     def forward(self, x: Tensor) -> Tensor:
         B, T, _ = x.shape
-        key = (str(x.device), torch.is_grad_enabled())
-        if key not in self._checked:
-            reason = self.path.unavailable(x.device, torch.is_grad_enabled())
-            if reason:
-                raise AttnbenchError(f"{self.mech.name}:{self.path.name} cannot run here: {reason}")
-            self._checked.add(key)
+        self.device_check(x)
         q = self.wq(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.wv(x).view(B, T, self.kv_heads, self.value_dim).transpose(1, 2)  # (B, Hkv, T, Dv)
         if self.rope is not None:
             q, k = self.rope(q), self.rope(k)
-        o = self.path.fn(q, k, v, causal=self.causal, **self.params, **dict(self.extras))
+        o = self.path(q, k, v, causal=self.causal, **self.params, **dict(self.extras))
         return self.wo(o.transpose(1, 2).reshape(B, T, self.heads * self.value_dim))
 
 

@@ -72,12 +72,11 @@ def pattern_of(
     """The pattern of ``mech`` at length ``n``: validated parameters, mask and exact pair count."""
     if n < 1:
         raise AttnbenchError(f"invalid n={n}; accepted: an integer >= 1")
-    if causal and not mech.causal:
-        raise AttnbenchError(f"{mech.name} has no causal form; drop --causal")
-    if not causal and not mech.bidirectional:
-        raise AttnbenchError(f"{mech.name} is causal only; add --causal")
+    problems = mech.not_supported_reasons(device=None, causal=causal)
+    if problems:
+        raise AttnbenchError(f"{'; '.join(problems)}; {'drop' if causal else 'add'} --causal")
     resolved = mech.resolve(params)
-    if mech.visible is not None and mech.pattern is None:
+    if mech.visible is not None:
         mask = torch.empty(n, n, dtype=torch.bool)
         keys = torch.arange(n)[None, :]
         for r0 in range(0, n, _ROWS_PER_STEP):

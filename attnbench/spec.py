@@ -1,18 +1,21 @@
 """The declarative records the registry is made of.
 
-A :class:`Mechanism` says what an attention mechanism is (name, family, source, parameters,
-capabilities, complexity, extra inputs) and which :class:`Path` functions compute it. Every path
-function has the same calling convention::
+A :class:`Mechanism` says what an attention mechanism is (name, family, sources, parameters,
+capabilities, complexity, extra inputs) and which paths (:class:`PathSpec`: a function and what
+it needs) compute it. Every path function has the same calling convention::
 
-    fn(q, k, v, *, causal: bool, **params, **extra_inputs) -> o
+    fn(q, k, v, *, causal: bool, <the parameters and extra inputs it declares>) -> o
 
 with ``q`` of shape ``[B, H, T, D]``, ``k`` of shape ``[B, Hkv, T, D]``, ``v`` of shape
-``[B, Hkv, T, Dv]`` and ``o`` of shape ``[B, H, T, Dv]`` (SDPA's layout). ``params`` holds every
-parameter of the mechanism, resolved to its value, so a path may ignore the ones it does not need.
+``[B, Hkv, T, Dv]`` and ``o`` of shape ``[B, H, T, Dv]`` (SDPA's layout). Calling the
+:class:`PathSpec` passes the function only the keyword arguments its signature names, so a path
+declares the parameters it uses and no others. :meth:`Mechanism.not_supported_reasons` is the
+one capability check (direction, dtype, backward, the machine a path needs), every reason given.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -20,6 +23,7 @@ from typing import Any, Literal
 import torch
 
 from attnbench.errors import AttnbenchError, unknown
+from attnbench.sources import Source
 
 PathKind = Literal["reference", "efficient", "fused"]
 PATH_KINDS: tuple[str, ...] = ("reference", "efficient", "fused")
@@ -176,12 +180,16 @@ class Requirement:
 
 
 @dataclass(frozen=True)
-class Path:
+class PathSpec:
     """One way to compute a mechanism.
 
     kind ``reference``: the dense, obviously right oracle that builds the n x n matrix;
     ``efficient``: a faster path in plain PyTorch that runs anywhere; ``fused``: a fused kernel
     (SDPA backend, FlexAttention, Triton) that may need a GPU.
+
+    Call the path itself, not ``fn``: ``path(q, k, v, causal=..., **params, **extras)`` passes
+    ``fn`` only the keyword arguments its signature declares (all of them when it takes
+    ``**kwargs``), so a path names the parameters it uses and no others.
     """
 
     name: str
@@ -191,14 +199,50 @@ class Path:
     requires: tuple[Requirement, ...] = ()
     note: str = ""
 
-    def unavailable(self, device: torch.device | str = "cpu", backward: bool = False) -> str | None:
-        """Why this path cannot run on ``device`` (None when it can)."""
+    def __call__(self, *args: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return self.fn(*args, **self.arguments(kwargs))
+
+    def arguments(self, kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """The keyword arguments among ``kwargs`` that ``fn`` declares."""
+        accepted = declared_keywords(self.fn)
+        if accepted is None:
+            return dict(kwargs)
+        return {key: value for key, value in kwargs.items() if key in accepted}
+
+    def not_supported_reasons(
+        self, device: torch.device | str | None = "cpu", backward: bool = False
+    ) -> list[str]:
+        """Every reason this path cannot run on ``device`` (None: any device); [] when it can."""
+        if device is None:
+            return []
         device = torch.device(device)
-        for req in self.requires:
-            reason = req.check(device, backward)
-            if reason:
-                return reason
+        return [r for r in (req.check(device, backward) for req in self.requires) if r]
+
+    def unavailable(self, device: torch.device | str = "cpu", backward: bool = False) -> str | None:
+        """Why this path cannot run on ``device`` (None when it can), every reason in one line."""
+        return "; ".join(self.not_supported_reasons(device, backward)) or None
+
+
+def declared_keywords(fn: Callable[..., Any]) -> frozenset[str] | None:
+    """The keyword names ``fn`` declares, or None when it takes ``**kwargs`` (wants them all)."""
+    try:
+        return _KEYWORDS[fn]
+    except KeyError:
+        pass
+    except TypeError:  # unhashable callable
+        return _declared(fn)
+    _KEYWORDS[fn] = names = _declared(fn)
+    return names
+
+
+def _declared(fn: Callable[..., Any]) -> frozenset[str] | None:
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return None
+    return frozenset(p.name for p in params)
+
+
+_KEYWORDS: dict[Callable[..., Any], frozenset[str] | None] = {}
 
 
 # --------------------------------------------------------------------------------------------
@@ -224,8 +268,9 @@ class Mechanism:
     name: str
     family: str
     description: str
-    source: str
-    paths: tuple[Path, ...]
+    #: The works that define it (:mod:`attnbench.sources`), the primary one first.
+    sources: tuple[Source, ...]
+    paths: tuple[PathSpec, ...]
     params: tuple[Param, ...] = ()
     extra_inputs: tuple[ExtraInput, ...] = ()
     causal: bool = True
@@ -245,10 +290,8 @@ class Mechanism:
     #: The literal rule of a sparse pattern, elementwise: ``visible(i, j, n, causal, params)``
     #: -> bool tensor, for broadcastable integer index tensors i (queries) and j (keys). It gives
     #: :meth:`pattern_matrix` for small n, and serves as a FlexAttention ``mask_mod`` on the GPU.
+    #: None: every pair (dense; causal keeps j <= i).
     visible: Callable[..., torch.Tensor] | None = None
-    #: Which (query, key) pairs are attended, as boolean [n, n] (True where query i sees key j),
-    #: for patterns that ``visible`` cannot express; None means ``visible`` or dense.
-    pattern: Callable[[int, bool, Mapping[str, Any]], torch.Tensor] | None = None
     #: Exact number of attended pairs for length n, computed without building the n x n matrix.
     pair_count: Callable[[int, bool, Mapping[str, Any]], int] = dense_pair_count
     #: Forward FLOPs of one call; None means 2 * B * H * pairs * (D + Dv) (QK^T and PV).
@@ -260,10 +303,13 @@ class Mechanism:
     whole_block: bool = False
     #: Whether the mechanism lets K/V have fewer heads than Q (MQA/GQA).
     shares_kv: bool = False
-    #: Whether query and key length may differ (otherwise T_q must equal T_k).
-    cross: bool = False
     notes: str = ""
     aliases: tuple[str, ...] = field(default=())
+
+    @property
+    def source(self) -> str:
+        """The sources in short form: ``Zhai et al. 2021; Su 2021``."""
+        return "; ".join(s.short for s in self.sources)
 
     # -- paths ---------------------------------------------------------------------------------
     @property
@@ -271,15 +317,15 @@ class Mechanism:
         return [p.name for p in self.paths]
 
     @property
-    def reference(self) -> Path:
+    def reference(self) -> PathSpec:
         return next(p for p in self.paths if p.kind == "reference")
 
     @property
-    def default_path(self) -> Path:
+    def default_path(self) -> PathSpec:
         """The path used when none is asked for: the first efficient one, else the reference."""
         return next((p for p in self.paths if p.kind == "efficient"), self.reference)
 
-    def path(self, name: str) -> Path:
+    def path(self, name: str) -> PathSpec:
         for p in self.paths:
             if p.name == name:
                 return p
@@ -287,19 +333,66 @@ class Mechanism:
             f"{self.name} has no path {name!r}; available: {', '.join(self.path_names)}"
         )
 
+    def not_supported_reasons(
+        self,
+        path: str | PathSpec | None = None,
+        *,
+        device: torch.device | str | None = "cpu",
+        dtype: torch.dtype | None = None,
+        causal: bool | None = None,
+        backward: bool = False,
+    ) -> list[str]:
+        """Every reason this mechanism's ``path`` (None: the default path) cannot run a call;
+        ``[]`` when it can. What is None is not checked (a layer checks the direction when it is
+        built and the device when it first runs). The one capability check: the API, layers,
+        ``check``, ``list`` and the speed sweep all ask it."""
+        chosen = path if isinstance(path, PathSpec) else self.select(path)
+        reasons = []
+        if dtype is not None and dtype not in self.dtypes:
+            accepted = ", ".join(str(d).removeprefix("torch.") for d in self.dtypes)
+            reasons.append(
+                f"{self.name} does not support {str(dtype).removeprefix('torch.')} "
+                f"(accepted: {accepted})"
+            )
+        if causal is True and not self.causal:
+            reasons.append(f"{self.name} has no causal form")
+        if causal is False and not self.bidirectional:
+            reasons.append(f"{self.name} is causal only")
+        if backward and not self.backward:
+            reasons.append(f"{self.name} has no backward (forward only)")
+        return reasons + chosen.not_supported_reasons(device, backward)
+
+    def select(self, name: str | None) -> PathSpec:
+        """The path called ``name``; None is the default path."""
+        return self.default_path if name is None else self.path(name)
+
+    def require(
+        self,
+        path: str | PathSpec | None = None,
+        *,
+        device: torch.device | str | None = "cpu",
+        dtype: torch.dtype | None = None,
+        causal: bool | None = None,
+        backward: bool = False,
+    ) -> PathSpec:
+        """The path to run, or an error that gives every reason it cannot and what can."""
+        chosen = path if isinstance(path, PathSpec) else self.select(path)
+        reasons = self.not_supported_reasons(
+            chosen, device=device, dtype=dtype, causal=causal, backward=backward
+        )
+        if not reasons:
+            return chosen
+        message = f"{self.name}:{chosen.name} cannot run here: {'; '.join(reasons)}"
+        if chosen.not_supported_reasons(device, backward):
+            ok = [p.name for p in self.paths if not p.not_supported_reasons(device, backward)]
+            message += f"; paths that can: {', '.join(ok) or 'none'}"
+        raise AttnbenchError(message)
+
     def select_path(
         self, name: str | None, device: torch.device | str = "cpu", backward: bool = False
-    ) -> Path:
-        """The path to run, or an error that says why it cannot run here and what can."""
-        path = self.default_path if name is None else self.path(name)
-        reason = path.unavailable(device, backward)
-        if reason:
-            ok = [p.name for p in self.paths if not p.unavailable(device, backward)]
-            raise AttnbenchError(
-                f"{self.name}:{path.name} cannot run here: {reason}; "
-                f"paths that can: {', '.join(ok) or 'none'}"
-            )
-        return path
+    ) -> PathSpec:
+        """The path to run on ``device``, or an error that says why it cannot and what can."""
+        return self.require(name, device=device, backward=backward)
 
     # -- params --------------------------------------------------------------------------------
     @property
@@ -343,8 +436,6 @@ class Mechanism:
     ) -> torch.Tensor:
         """Boolean [n, n], True where query i attends key j (builds n x n: small n only)."""
         params = self.resolve(params)
-        if self.pattern is not None:
-            return self.pattern(n, causal, params)
         if self.visible is not None:
             idx = torch.arange(n)
             return self.visible(idx[:, None], idx[None, :], n, causal, params)

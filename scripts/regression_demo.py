@@ -22,7 +22,7 @@ from itertools import permutations
 from pathlib import Path
 
 from attnbench import registry
-from attnbench.report.compare import compare
+from attnbench.bench.compare import compare
 
 
 def slowed(fn, factor: float):

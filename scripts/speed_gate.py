@@ -35,8 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from attnbench.bench.compare import Comparison, compare, markdown  # noqa: E402
 from attnbench.measure.machine import cpu_signature  # noqa: E402
-from attnbench.report.compare import Comparison, compare, markdown  # noqa: E402
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE = 0, 1, 2
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnbench import registry
-from attnbench.spec import Mechanism, Path, Shape
+from attnbench.spec import Mechanism, PathSpec, Shape
 
 LENGTHS = (1, 7, 97, 257)
 HEAD_DIMS = (32, 64, 80)
@@ -17,7 +17,7 @@ def directions(mech: Mechanism) -> list[bool]:
     return [c for c, ok in ((False, mech.bidirectional), (True, mech.causal)) if ok]
 
 
-def runnable_paths(mech: Mechanism, kinds=("efficient", "fused")) -> list[Path]:
+def runnable_paths(mech: Mechanism, kinds=("efficient", "fused")) -> list[PathSpec]:
     return [p for p in mech.paths if p.kind in kinds and not p.unavailable("cpu", mech.backward)]
 
 

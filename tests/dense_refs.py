@@ -30,7 +30,7 @@ def _ij(t: int, device) -> tuple[Tensor, Tensor]:
 
 def gau_reference(q, k, v, *, causal, norm="ns", chunk=0):
     """o = (relu(q k^T)^2 * mask) v * norm, norm = 1/(n_i s) or 1/n_i^2, n_i = keys row i sees
-    (T, or i + 1 when causal; inside row i's chunk when chunked), s = head dim (seed 000)."""
+    (T, or i + 1 when causal; inside row i's chunk when chunked), s = head dim (Su 2022)."""
     t, s = q.shape[-2], q.shape[-1]
     i, j = _ij(t, q.device)
     mask = torch.ones(t, t, dtype=torch.bool, device=q.device)
@@ -62,7 +62,7 @@ def linear_reference(q, k, v):
 
 
 def flash_global_reference(q, k, v, *, chunk):
-    """FLASH's causal global part (seed 000): whole earlier chunks only, / the tokens summed."""
+    """FLASH's causal global part (Su 2022): whole earlier chunks only, / the tokens summed."""
     i, j = _ij(q.shape[-2], q.device)
     earlier = (j // chunk) < (i // chunk)  # (T, T)
     summed = ((i // chunk) * chunk).clamp(min=1).to(q.dtype)  # (T, 1)

@@ -27,10 +27,10 @@ def _check(mech, params, causal, *, shape=SHAPE, scale_k=1.0, scale_bias=1.0, dt
     inputs["k"] = inputs["k"] * scale_k
     for e in mech.extras_for(params):
         inputs[e.name] = inputs[e.name] * scale_bias
-    fast = mech.default_path.fn
+    fast = mech.default_path
     with torch.no_grad():
         assert torch.isfinite(fast(**inputs, causal=causal, **params)).all()
-    verdicts = compare_paths(fast, mech.reference.fn, inputs, {"causal": causal, **params})
+    verdicts = compare_paths(fast, mech.reference, inputs, {"causal": causal, **params})
     return [str(v) for v in verdicts if not v.ok]
 
 
@@ -69,8 +69,8 @@ def test_local_with_s_at_least_t_is_full():
     inputs = make_inputs(LOCAL, Shape(1, 2, 12, 4), params, dtype=torch.float64)
     w_full = band_to_dense(inputs["w"], 12)
     for causal in (False, True):
-        a = LOCAL.default_path.fn(**inputs, causal=causal, **params)
-        b = FULL.default_path.fn(
+        a = LOCAL.default_path(**inputs, causal=causal, **params)
+        b = FULL.default_path(
             **{n: inputs[n] for n in "qkv"}, causal=causal, **FULL.defaults, w=w_full
         )
         torch.testing.assert_close(a, b)
@@ -105,7 +105,7 @@ def test_per_key_max_would_not_cancel():
     exp_k = torch.exp(k[0, 0] - k[0, 0].amax(0, keepdim=True))  # (T', D)
     labml = torch.sigmoid(q) * (exp_w @ (exp_k * v[0, 0])) / (exp_w @ exp_k)
     assert (labml - exact).abs().max() > 1e-2
-    ours = FULL.default_path.fn(q, k, v, causal=False, **FULL.defaults, w=w)
+    ours = FULL.default_path(q, k, v, causal=False, **FULL.defaults, w=w)
     torch.testing.assert_close(ours, exact)
 
 
@@ -128,7 +128,7 @@ def test_causal_outputs_ignore_later_positions_and_future_biases(mech, params):
     if "w" in changed and mech is LOCAL:
         s = params["s"]
         changed["w"][:, s:] = torch.randn_like(changed["w"][:, s:])  # offsets t' - t > 0
-    fn = mech.default_path.fn
+    fn = mech.default_path
     a, b = fn(**inputs, causal=True, **params), fn(**changed, causal=True, **params)
     assert torch.equal(a[:, :, :13], b[:, :, :13])
     assert not torch.equal(a[:, :, 13:], b[:, :, 13:])
@@ -224,7 +224,7 @@ def test_memory_is_linear_in_n(mech, params, causal):
         grad_out = torch.randn(1, 2, n, 16)
 
         def run():
-            o = mech.default_path.fn(**inputs, causal=causal, **params)
+            o = mech.default_path(**inputs, causal=causal, **params)
             return torch.autograd.grad(o, list(inputs.values()), grad_out)
 
         return cpu_peak(run).bytes
@@ -247,7 +247,7 @@ def test_flops_match_what_the_path_issues(mech, params, uncounted):
     params = mech.resolve(params)
     inputs = make_inputs(mech, SHAPE, params)
     with FlopCounterMode(display=False) as counter:
-        mech.default_path.fn(**inputs, causal=False, **params)
+        mech.default_path(**inputs, causal=False, **params)
     sums = 4 * SHAPE.batch * SHAPE.heads * SHAPE.seq_len * SHAPE.head_dim * uncounted
     assert mech.forward_flops(SHAPE, False, params) == counter.get_total_flops() + sums
 

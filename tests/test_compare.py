@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from attnbench.bench.compare import Thresholds, compare
+from attnbench.bench.results import COLUMNS, ResultsWriter
 from attnbench.cli import app
-from attnbench.report.compare import Thresholds, compare
-from attnbench.suites.results import COLUMNS, ResultsWriter
 
 runner = CliRunner()
 

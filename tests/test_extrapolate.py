@@ -16,15 +16,22 @@ from typer.testing import CliRunner
 
 from attnbench import registry
 from attnbench.cli import app
+from attnbench.errors import AttnbenchError
+from attnbench.extrapolation.config import load_preset, resolve_variants
+from attnbench.extrapolation.entropy import EntropyOptions, run_entropy
+from attnbench.extrapolation.evaluate import LengthCheckError, evaluate, make_eval_stream
+from attnbench.extrapolation.model import (
+    MixerSpec,
+    MLMEncoder,
+    ModelConfig,
+    build_model,
+    is_whole_block,
+)
+from attnbench.extrapolation.progress import NoProgress
+from attnbench.extrapolation.run import RunOptions, run_extrapolate
+from attnbench.extrapolation.train import Interrupted
+from attnbench.extrapolation.tricks import TrickMixer, parse_tricks
 from attnbench.layers import make_layer
-from attnbench.models.mlm import MixerSpec, MLMEncoder, ModelConfig, build_model, is_whole_block
-from attnbench.models.tricks import TrickMixer, parse_tricks
-from attnbench.suites.entropy import EntropyOptions, run_entropy
-from attnbench.suites.extrapolate import RunOptions, run_extrapolate
-from attnbench.suites.extrapolate_config import load_preset, resolve_variants
-from attnbench.suites.mlm_eval import LengthCheckError, evaluate, make_eval_stream
-from attnbench.suites.mlm_train import Interrupted
-from attnbench.suites.progress import NoProgress
 from attnbench.variants import softmax
 
 runner = CliRunner()
@@ -97,8 +104,8 @@ def test_end_to_end_outputs(trained):
     assert "sha" in side["git"] and side["config"]["model"]["d_model"] == 32
     assert "probability 0.15" in side["evaluation"]["masking"]
     table = (out / "table.md").read_text()
-    assert "seed 003: Attention-E" in table and "| O+chunk | eval-time |" in table
-    assert "seed 003: Attention-O" in res.output
+    assert "Su 2021: Attention-E" in table and "| O+chunk | eval-time |" in table
+    assert "Su 2021: Attention-O" in res.output
     png = (out / "accuracy_vs_length.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     # At n = L the chunk floor is the O model itself.
@@ -444,14 +451,10 @@ def test_short_corpus_message_counts_tokens(corpora, tmp_path):
     assert "needs 384 held-out tokens" in res.output and "has 1" in res.output
 
 
-def test_presets_load_and_the_packaged_copies_match():
-    from attnbench.suites.extrapolate_config import PACKAGED_PRESETS, REPO_PRESETS
+def test_presets_load_from_the_one_shipped_folder():
+    from attnbench.tomlconfig import PRESETS_DIR
 
-    names = sorted(p.name for p in REPO_PRESETS.glob("*.toml"))
-    assert names == ["cpu.toml", "paper.toml"]
-    assert sorted(p.name for p in PACKAGED_PRESETS.glob("*.toml")) == names
-    for name in names:
-        assert (REPO_PRESETS / name).read_bytes() == (PACKAGED_PRESETS / name).read_bytes(), name
+    assert sorted(p.name for p in PRESETS_DIR.glob("*.toml")) == ["cpu.toml", "paper.toml"]
     cpu, paper = load_preset("cpu"), load_preset("paper")
     assert (cpu.model.d_model, cpu.model.layers, cpu.model.heads, cpu.model.train_len) == (
         128,
@@ -511,7 +514,7 @@ def test_rich_progress_bar_renders():
 
     from rich.console import Console
 
-    from attnbench.suites.progress import LineProgress, RichProgress
+    from attnbench.cli.progress import LineProgress, RichProgress
 
     buf = io.StringIO()
     bar = RichProgress(Console(file=buf, force_terminal=True, width=120))
@@ -531,3 +534,24 @@ def test_help_has_an_example():
     for name in ("extrapolate", "entropy"):
         res = invoke(name, "--help")
         assert res.exit_code == 0 and "Example" in res.output, name
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("[train]\nsteps = 10\nstep = 3\n", 3, ["unknown setting", "train.step"]),
+        ("[model]\n\nlayers = \"two\"\n", 3, ["model.layers"]),
+        ("[modle]\nlayers = 2\n", 1, ["unknown section [modle]"]),
+        ("[variants.X]\npath = \"efficient\"\n", 1, ["needs mechanism"]),
+        ("[train]\nsteps = [1,\n", 2, ["malformed TOML"]),
+    ],
+)
+def test_preset_errors_name_the_file_and_line(tmp_path, text, line, words):
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    with pytest.raises(AttnbenchError) as info:
+        load_preset(str(path))
+    message = str(info.value)
+    assert f"{path} line {line}" in message and "\n" not in message, message
+    for word in words:
+        assert word in message, message

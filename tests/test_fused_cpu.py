@@ -65,7 +65,7 @@ def test_sdpa_flash_function_matches_reference_on_cpu(name, causal):
     params = mech.resolve({"base": "e", "min_n": 4} if name == "softmax-logn" else {})
     inputs = make_inputs(mech, Shape(2, 3, 23, 16), params, seed=3)
     verdicts = compare_paths(
-        mech.path("sdpa-flash").fn, mech.reference.fn, inputs, {"causal": causal, **params}
+        mech.path("sdpa-flash"), mech.reference, inputs, {"causal": causal, **params}
     )
     assert all(v.ok for v in verdicts), "; ".join(map(str, verdicts))
 
@@ -76,7 +76,7 @@ def test_sdpa_flash_gqa_on_cpu():
     shape = mech.shape_for(Shape(1, 4, 19, 16), params)
     inputs = make_inputs(mech, shape, params, seed=5)
     verdicts = compare_paths(
-        mech.path("sdpa-flash").fn, mech.reference.fn, inputs, {"causal": True, **params}
+        mech.path("sdpa-flash"), mech.reference, inputs, {"causal": True, **params}
     )
     assert all(v.ok for v in verdicts), "; ".join(map(str, verdicts))
 
@@ -114,16 +114,16 @@ def test_flex_path_matches_dense_mask_forward(rule, params, causal):
 
 def test_flex_fused_wires_a_sparse_mechanism_in_one_line():
     """How the sparse mechanisms get their fused path: ``flex_fused(visible)`` in ``paths``."""
-    from attnbench.spec import Mechanism, Path, positive_int
+    from attnbench.spec import Mechanism, PathSpec, positive_int
 
     mech = Mechanism(
         name="toy-local",
         family="sparse",
         description="sliding window, for this test",
-        source="seed 004",
+        sources=(),
         params=(positive_int("w", 3, "keys on each side"),),
         paths=(
-            Path("reference", "reference", dense_masked(window_rule), memory="O(n^2)"),
+            PathSpec("reference", "reference", dense_masked(window_rule), memory="O(n^2)"),
             flex.flex_fused(window_rule),
         ),
         visible=window_rule,
@@ -131,7 +131,7 @@ def test_flex_fused_wires_a_sparse_mechanism_in_one_line():
     assert mech.path("flex").kind == "fused"
     x = make_qkv(1, 2, 21, 16, 16, torch.float32, seed=11)
     with torch.no_grad():  # the registry path needs CUDA; its function runs eagerly here
-        fast = mech.path("flex").fn(**x, causal=True, w=2)
+        fast = mech.path("flex")(**x, causal=True, w=2)
         ref = attention(mech, **x, causal=True, path="reference", w=2)
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-6)
 
@@ -151,8 +151,8 @@ def test_logn_flex_path_matches_reference_forward(causal):
     params = mech.resolve({"base": "e", "clip": True, "min_n": 8})
     inputs = make_inputs(mech, Shape(1, 2, 29, 16), params, seed=7)
     verdicts = compare_paths(
-        mech.path("flex").fn,
-        mech.reference.fn,
+        mech.path("flex"),
+        mech.reference,
         inputs,
         {"causal": causal, **params},
         backward=False,
@@ -162,7 +162,7 @@ def test_logn_flex_path_matches_reference_forward(causal):
 
 def test_flex_backward_on_cpu_says_why():
     q = torch.randn(1, 2, 5, 8, requires_grad=True)
-    logn = registry.get("softmax-logn").path("flex").fn
+    logn = registry.get("softmax-logn").path("flex")
     with pytest.raises(AttnbenchError, match="no backward on CPU"):
         logn(q, q, q, causal=False, base=512.0, clip=False, min_n=1)
     with pytest.raises(AttnbenchError, match="no backward on CPU"):
@@ -189,16 +189,16 @@ def test_flex_registry_path_needs_cuda():
 def test_triton_paths_need_cuda(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     q = torch.randn(1, 1, 8, 16)
-    for path in (
-        triton_ops.gau_path(),
-        triton_ops.retention_path(lambda h, p: triton_ops.retnet_gammas(h)),
-        triton_ops.linear_path(lambda x: torch.nn.functional.elu(x) + 1),
+    for path, params in (
+        (triton_ops.gau_path(), {}),
+        (registry.get("retention").path("triton"), registry.get("retention").defaults),
+        (registry.get("linear").path("triton"), registry.get("linear").defaults),
     ):
         assert path.kind == "fused"
         if NO_CUDA:
             assert path.unavailable("cpu").startswith("needs CUDA")
         with pytest.raises(AttnbenchError, match="needs CUDA tensors"):
-            path.fn(q, q, q, causal=True)
+            path(q, q, q, causal=True, **params)
 
 
 @pytest.mark.parametrize(

@@ -103,7 +103,7 @@ def test_registry_fused_path(mech, path, overrides, causal, t, d, dtype):
     inputs = make_inputs(mech, shape, params, dtype=dtype, device="cuda", seed=t)
     try:
         verdicts = compare_paths(
-            path.fn, mech.reference.fn, inputs, {"causal": causal, **params}, backward=mech.backward
+            path, mech.reference, inputs, {"causal": causal, **params}, backward=mech.backward
         )
     except AttnbenchError as e:  # an SDPA backend this GPU / dtype / head dim lacks; a refusal
         pytest.skip(str(e))

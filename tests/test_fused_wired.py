@@ -66,7 +66,7 @@ def test_flex_path_matches_reference_on_cpu(name):
     reference. The sparse cases are checked to really be sparse at T = 37, so a path that ignored
     the BlockMask would fail."""
     mech = registry.get(name)
-    fn = mech.path("flex").fn
+    fn = mech.path("flex")
     cases = [({}, 37, True)] + [(p, t, c) for p in SPARSE_PARAMS[name] for t, c in GRID]
     failed = []
     for overrides, t, causal in cases:
@@ -76,7 +76,7 @@ def test_flex_path_matches_reference_on_cpu(name):
             assert mech.count_pairs(t, causal, params) < dense, (overrides, t, causal)
         inputs = make_inputs(mech, Shape(2, 2, t, 16), params, seed=t + causal)
         kwargs = {"causal": causal, **params}
-        verdicts = compare_paths(fn, mech.reference.fn, inputs, kwargs, backward=False)
+        verdicts = compare_paths(fn, mech.reference, inputs, kwargs, backward=False)
         failed += [f"{overrides} T{t} causal={causal}: {v}" for v in verdicts if not v.ok]
     assert not failed, "; ".join(failed)
 
@@ -116,7 +116,7 @@ def _inputs(name: str, overrides: dict, t: int = 8) -> tuple[dict, dict]:
 )
 def test_triton_path_refusals_are_one_line(name, overrides, causal, match):
     inputs, params = _inputs(name, overrides)
-    fn = registry.get(name).path("triton").fn
+    fn = registry.get(name).path("triton")
     with pytest.raises(AttnbenchError, match=match) as info:
         fn(**inputs, causal=causal, **params)
     assert "\n" not in str(info.value)
@@ -129,7 +129,7 @@ def test_triton_path_function_on_cpu_tensors_says_why(name, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     inputs, params = _inputs(name, {"chunk": 16} if name == "flash" else {})
     with pytest.raises(AttnbenchError, match="needs CUDA tensors"):
-        registry.get(name).path("triton").fn(**inputs, causal=True, **params)
+        registry.get(name).path("triton")(**inputs, causal=True, **params)
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")

@@ -1,6 +1,6 @@
-"""GAU, FLASH and MC-TFM (seed 000): normalisers against literal and hand-checked values, the
-non-default parameters against the reference, causality, layers, memory, half precision, FLOPs and
-bad input. The default parameters are covered by tests/test_paths.py."""
+"""GAU, FLASH and MC-TFM (Hua et al. 2022; Su 2022): normalisers against literal and hand-checked
+values, the non-default parameters against the reference, causality, layers, memory, half
+precision, FLOPs and bad input. The default parameters are covered by tests/test_paths.py."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def assert_paths_agree(mech, shape, params, causal, dtype=torch.float32):
     params = mech.resolve(params)
     x = inputs(mech, shape, params, dtype=dtype, seed=shape.seq_len)
     verdicts = compare_paths(
-        mech.path("efficient").fn, mech.reference.fn, x, {"causal": causal, **params}
+        mech.path("efficient"), mech.reference, x, {"causal": causal, **params}
     )
     failed = [str(v) for v in verdicts if not v.ok]
     assert not failed, "; ".join(failed)
@@ -297,7 +297,7 @@ def test_peak_memory_is_linear_in_n(mech, params, causal):
         x = inputs(mech, Shape(1, 1, T, 16), params, requires_grad=True)
 
         def fwd_bwd():
-            o = mech.path("efficient").fn(**x, causal=causal, **mech.resolve(params))
+            o = mech.path("efficient")(**x, causal=causal, **mech.resolve(params))
             o.sum().backward()
 
         return cpu_peak(fwd_bwd).bytes
@@ -376,7 +376,7 @@ def test_flops_match_the_flop_counter(mech, params, T):
     shape = mech.shape_for(Shape(2, 3, T, 8), params)
     x = make_inputs(mech, shape, params)
     with FlopCounterMode(display=False) as counter:
-        mech.path("efficient").fn(**x, causal=False, **params)
+        mech.path("efficient")(**x, causal=False, **params)
     assert counter.get_total_flops() == mech.forward_flops(shape, False, params)
 
 

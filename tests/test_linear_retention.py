@@ -37,7 +37,7 @@ LINEAR_PARAMS = [
 def _verdicts(mech, path, params, causal, dtype=torch.float32, shape=SHAPE):
     inputs = make_inputs(mech, shape, params, dtype=dtype, seed=shape.seq_len)
     verdicts = compare_paths(
-        mech.path(path).fn, mech.reference.fn, inputs, {"causal": causal, **params}
+        mech.path(path), mech.reference, inputs, {"causal": causal, **params}
     )
     return [str(v) for v in verdicts if not v.ok]
 
@@ -63,21 +63,21 @@ def test_retention_recurrent_equals_parallel(normalize, dtype):
 def test_retention_three_forms_agree_in_float64(normalize):
     """recurrent, chunkwise (several chunk sizes) and parallel: one function, to 1e-12."""
     inputs = make_inputs(RETENTION, SHAPE, {}, dtype=torch.float64, seed=3)
-    outs = [RETENTION.path("parallel").fn(**inputs, causal=True, normalize=normalize, chunk=1)]
-    outs.append(RETENTION.path("recurrent").fn(**inputs, causal=True, normalize=normalize, chunk=1))
+    outs = [RETENTION.path("parallel")(**inputs, causal=True, normalize=normalize, chunk=1)]
+    outs.append(RETENTION.path("recurrent")(**inputs, causal=True, normalize=normalize, chunk=1))
     for chunk in CHUNKS:
         outs.append(
-            RETENTION.path("chunkwise").fn(**inputs, causal=True, normalize=normalize, chunk=chunk)
+            RETENTION.path("chunkwise")(**inputs, causal=True, normalize=normalize, chunk=chunk)
         )
     for o in outs[1:]:
         torch.testing.assert_close(o, outs[0], rtol=1e-12, atol=1e-12)
 
 
-def test_retention_parallel_is_the_seed_example():
-    """Seed 002's worked example, T = 3: o_3 = g^2 q3.k1 v1 + g q3.k2 v2 + q3.k3 v3 (/ sqrt d)."""
+def test_retention_parallel_worked_example():
+    """A worked example, T = 3: o_3 = g^2 q3.k1 v1 + g q3.k2 v2 + q3.k3 v3 (/ sqrt d)."""
     q, k, v = (torch.randn(1, 1, 3, 4, dtype=torch.float64) for _ in range(3))
     g = 1 - 2**-5  # head 0
-    o = RETENTION.reference.fn(q, k, v, causal=True, normalize="none", chunk=1)
+    o = RETENTION.reference(q, k, v, causal=True, normalize="none", chunk=1)
     qk = (q[0, 0] @ k[0, 0].T) / 2.0  # sqrt(4)
     want = g**2 * qk[2, 0] * v[0, 0, 0] + g * qk[2, 1] * v[0, 0, 1] + qk[2, 2] * v[0, 0, 2]
     torch.testing.assert_close(o[0, 0, 2], want)
@@ -92,7 +92,7 @@ def test_retention_decays_are_multi_scale():
     v = torch.zeros(1, h, t, 1, dtype=torch.float64)
     q[..., 0], k[:, :, 0, 0], v[:, :, 0, 0] = math.sqrt(d), 1.0, 1.0
     for path in RETENTION_CPU_PATHS:
-        o = path.fn(q, k, v, causal=True, normalize="none", chunk=3)[0, :, :, 0]  # (H, T)
+        o = path(q, k, v, causal=True, normalize="none", chunk=3)[0, :, :, 0]  # (H, T)
         gammas = 1 - 2.0 ** (-5 - torch.arange(h, dtype=torch.float64))
         want = gammas[:, None] ** torch.arange(t, dtype=torch.float64)[None, :]
         torch.testing.assert_close(o, want, msg=path.name)
@@ -109,7 +109,7 @@ def test_rownorm_is_the_papers_normalisation():
     r = (q[0, 0] @ k[0, 0].T) / 2.0 * decay
     want = (r / r.sum(-1, keepdim=True).abs().clamp(min=1)) @ v[0, 0]
     for path in RETENTION_CPU_PATHS:
-        o = path.fn(q, k, v, causal=True, normalize="rownorm", chunk=4)
+        o = path(q, k, v, causal=True, normalize="rownorm", chunk=4)
         torch.testing.assert_close(o[0, 0], want, msg=path.name)
 
 
@@ -148,7 +148,7 @@ def test_causal_outputs_ignore_later_positions(mech, path, normalize):
     changed = {name: x.clone() for name, x in inputs.items()}
     for x in changed.values():
         x[:, :, 20:] = torch.randn_like(x[:, :, 20:]) * 3
-    fn = mech.path(path).fn
+    fn = mech.path(path)
     a = fn(**inputs, causal=True, **params)
     b = fn(**changed, causal=True, **params)
     assert torch.equal(a[:, :, :20], b[:, :, :20])
@@ -184,7 +184,7 @@ def test_msr_layer_forward_backward_and_paths_agree(rope):
 
 def test_msr_layer_groupnorm_absorbs_rownorm():
     """GroupNorm is invariant to a positive per-(position, head) scale, which is all rownorm
-    changes: with GroupNorm's eps at 0 the two layers agree to rounding (FIELD-NOTES)."""
+    changes: with GroupNorm's eps at 0 the two layers agree to rounding."""
     torch.manual_seed(0)
     a = make_layer("retention", 32, 4, causal=True, params={"normalize": "none"})
     b = make_layer("retention", 32, 4, causal=True, params={"normalize": "rownorm"})
@@ -192,7 +192,7 @@ def test_msr_layer_groupnorm_absorbs_rownorm():
     a.norm.eps = b.norm.eps = 0.0
     x = torch.randn(2, 40, 32)
     torch.testing.assert_close(a(x), b(x), atol=1e-5, rtol=1e-4)
-    unnormalised = a.path.fn(
+    unnormalised = a.path(
         *(torch.randn(1, 4, 40, 8) for _ in range(3)), causal=True, normalize="none", chunk=64
     )
     assert unnormalised.abs().max() > 0  # (the operator itself differs; the layer does not)
@@ -209,7 +209,7 @@ def test_msr_layer_is_causal_only():
 def _fwd_bwd_peak(mech, path, n, causal, params):
     inputs = make_inputs(mech, Shape(1, 2, n, 16), params, requires_grad=True)
     grad_out = torch.randn(1, 2, n, 16)
-    fn = mech.path(path).fn
+    fn = mech.path(path)
 
     def run():
         o = fn(**inputs, causal=causal, **params)
@@ -262,7 +262,7 @@ def test_flops_match_what_the_default_path_issues(mech, causal, params):
     shape = Shape(2, 3, 37, 8)
     inputs = make_inputs(mech, shape, params)
     with FlopCounterMode(display=False) as counter:
-        mech.default_path.fn(**inputs, causal=causal, **params)
+        mech.default_path(**inputs, causal=causal, **params)
     assert mech.forward_flops(shape, causal, params) == counter.get_total_flops()
 
 
@@ -295,7 +295,7 @@ def test_retention_has_no_bidirectional_form():
         api.attention("retention", q, k, v, causal=False)
     for path in RETENTION.paths:  # called directly, too
         with pytest.raises(AttnbenchError, match="causal only"):
-            path.fn(q, k, v, causal=False, normalize="none", chunk=4)
+            path(q, k, v, causal=False, normalize="none", chunk=4)
 
 
 def test_cli_turns_parameter_errors_into_exit_2():
@@ -356,10 +356,10 @@ def test_running_states_of_half_inputs_are_summed_in_float32(name, path, dtype):
     params = mech.resolve({})
     shape = mech.shape_for(Shape(1, 8, 1000, 64), params)
     inputs = make_inputs(mech, shape, params, dtype=dtype, device="cpu", seed=3)
-    fn = next(p.fn for p in mech.paths if p.name == path)
+    fn = next(p for p in mech.paths if p.name == path)
     with torch.no_grad():
         out = fn(**inputs, causal=True, **params)
-        oracle = mech.reference.fn(**{k: x.double() for k, x in inputs.items()}, causal=True,
+        oracle = mech.reference(**{k: x.double() for k, x in inputs.items()}, causal=True,
                                    **params)  # fmt: skip
     assert out.dtype == dtype and bool(torch.isfinite(out).all())
     scale = oracle.abs().max().item()

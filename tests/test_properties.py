@@ -34,8 +34,8 @@ def test_causality(mech, path):
         t[:, :, CUT:] = torch.randn(t[:, :, CUT:].shape, generator=gen, dtype=t.dtype) * 3
         changed[name] = t
     with torch.no_grad():
-        before = path.fn(**inputs, causal=True, **params)
-        after = path.fn(**changed, causal=True, **params)
+        before = path(**inputs, causal=True, **params)
+        after = path(**changed, causal=True, **params)
     torch.testing.assert_close(after[:, :, :CUT], before[:, :, :CUT], rtol=1e-10, atol=1e-12)
     assert not torch.allclose(after[:, :, CUT:], before[:, :, CUT:])
 
@@ -58,6 +58,6 @@ def test_batch_independence(mech, path, causal):
     names = _per_token_inputs(mech, params)
     first_only = {k: (v[:1] if k in names else v) for k, v in inputs.items()}
     with torch.no_grad():
-        alone = path.fn(**first_only, causal=causal, **params)
-        together = path.fn(**changed, causal=causal, **params)
+        alone = path(**first_only, causal=causal, **params)
+        together = path(**changed, causal=causal, **params)
     torch.testing.assert_close(together[:1], alone, rtol=1e-10, atol=1e-12)

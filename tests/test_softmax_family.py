@@ -1,4 +1,4 @@
-"""The softmax family against literal, loop-by-loop computations of the seed's formulas."""
+"""The softmax family against literal, loop-by-loop computations of the published formulas."""
 
 from __future__ import annotations
 

@@ -213,7 +213,7 @@ def check_paths(name: str, params: dict, n: int, causal: bool, shape=(2, 2, 16))
     B, H, D = shape
     inputs = make_inputs(mech, Shape(B, H, n, D), p, dtype=torch.float32, seed=n)
     kwargs = {"causal": causal, **p}
-    verdicts = compare_paths(mech.path("efficient").fn, mech.reference.fn, inputs, kwargs)
+    verdicts = compare_paths(mech.path("efficient"), mech.reference, inputs, kwargs)
     failed = [str(v) for v in verdicts if not v.ok]
     assert not failed, f"{name} {params} n={n} causal={causal}: " + "; ".join(failed)
 
@@ -325,7 +325,7 @@ def test_peak_memory_at_4096_is_linear_in_keys_per_query(name, causal):
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, n, D, generator=gen).requires_grad_() for _ in range(3))
     do = torch.randn(B, H, n, D, generator=gen)
-    fn = mech.path("efficient").fn
+    fn = mech.path("efficient")
     peak = cpu_peak(lambda: fn(q, k, v, causal=causal, **params).backward(do)).bytes
     keys_per_query = mech.count_pairs(n, causal, params) / n
     item = q.element_size()

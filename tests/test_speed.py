@@ -13,12 +13,13 @@ import pytest
 import torch
 
 from attnbench import registry
+from attnbench.bench.config import SpeedSuite, override, select
+from attnbench.bench.plan import plan
+from attnbench.bench.results import COLUMNS, read_results
+from attnbench.bench.run import describe_not_run, is_oom, run_speed
 from attnbench.errors import AttnbenchError
 from attnbench.measure.timing import Clock, TimingPolicy
-from attnbench.spec import ExtraInput, Mechanism, Path, Requirement
-from attnbench.suites.results import COLUMNS, read_results
-from attnbench.suites.speed import describe_not_run, is_oom, plan, run_speed
-from attnbench.suites.speed_suite import SpeedSuite, override, select
+from attnbench.spec import ExtraInput, Mechanism, PathSpec, Requirement
 from attnbench.variants import softmax
 
 FAST = TimingPolicy(
@@ -44,7 +45,7 @@ def tiny(**changes) -> SpeedSuite:
 
 def variant(name: str, fn, **changes) -> Mechanism:
     """softmax with its efficient path replaced by ``fn`` (a test double of a mechanism)."""
-    paths = (softmax.MECHANISM.reference, Path("efficient", "efficient", fn, memory="O(n)"))
+    paths = (softmax.MECHANISM.reference, PathSpec("efficient", "efficient", fn, memory="O(n)"))
     return replace(softmax.MECHANISM, name=name, aliases=(), paths=paths, **changes)
 
 
@@ -154,7 +155,7 @@ def test_unsupported_cases_are_rows_with_the_reason(tmp_path):
     gpu_only = Requirement("gpu", lambda device, backward: "needs a fused kernel (test double)")
     paths = (
         softmax.MECHANISM.reference,
-        Path("fused", "fused", softmax.sdpa, memory="O(n)", requires=(gpu_only,)),
+        PathSpec("fused", "fused", softmax.sdpa, memory="O(n)", requires=(gpu_only,)),
     )
     fused = replace(softmax.MECHANISM, name="fusedonly", aliases=(), paths=paths)
     causal_only = variant("causalonly", softmax.sdpa, bidirectional=False)
@@ -196,7 +197,7 @@ def test_extra_inputs_and_adapted_shapes_come_from_the_registry_record(tmp_path)
 
     extra = ExtraInput("bias", "a test bias", shape=lambda s, p: (s.heads, s.seq_len))
     mech = variant("biased", biased, extra_inputs=(extra,))
-    ref = Path("reference", "reference", biased_reference, memory="O(n^2)")
+    ref = PathSpec("reference", "reference", biased_reference, memory="O(n^2)")
     mech = replace(mech, paths=(ref, mech.paths[1]))
     mqa = registry.get("mqa")
     run = run_speed(

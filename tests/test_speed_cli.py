@@ -11,9 +11,9 @@ import torch
 from typer.testing import CliRunner
 
 from attnbench import registry
+from attnbench.bench.results import ResultsWriter, read_results
 from attnbench.cli import app
-from attnbench.spec import Path, Requirement
-from attnbench.suites.results import ResultsWriter, read_results
+from attnbench.spec import PathSpec, Requirement
 from attnbench.variants import softmax
 
 runner = CliRunner()
@@ -132,7 +132,10 @@ def test_ctrl_c_exits_130_and_lists_what_was_not_run(tmp_path, suite_file, monke
         softmax.MECHANISM,
         name="stopper",
         aliases=(),
-        paths=(softmax.MECHANISM.reference, Path("efficient", "efficient", stop, memory="O(n)")),
+        paths=(
+            softmax.MECHANISM.reference,
+            PathSpec("efficient", "efficient", stop, memory="O(n)"),
+        ),
     )
     monkeypatch.setattr(registry, "MECHANISMS", (*registry.MECHANISMS, stopper))
     out = tmp_path / "out"
@@ -147,9 +150,9 @@ def test_ctrl_c_exits_130_and_lists_what_was_not_run(tmp_path, suite_file, monke
 @pytest.fixture(scope="module")
 def mixed_results(tmp_path_factory):
     """A small run with ok, oom, skipped and unsupported rows."""
+    from attnbench.bench.config import SpeedSuite
+    from attnbench.bench.run import run_speed
     from attnbench.measure.timing import TimingPolicy
-    from attnbench.suites.speed import run_speed
-    from attnbench.suites.speed_suite import SpeedSuite
 
     def greedy(q, k, v, *, causal):
         if q.shape[2] >= 32:
@@ -159,8 +162,8 @@ def mixed_results(tmp_path_factory):
     never = Requirement("gpu", lambda device, backward: "needs CUDA (test double)")
     paths = (
         softmax.MECHANISM.reference,
-        Path("efficient", "efficient", greedy, memory="O(n)"),
-        Path("fused", "fused", softmax.sdpa, memory="O(n)", requires=(never,)),
+        PathSpec("efficient", "efficient", greedy, memory="O(n)"),
+        PathSpec("fused", "fused", softmax.sdpa, memory="O(n)", requires=(never,)),
     )
     odd = replace(softmax.MECHANISM, name="odd", family="other", aliases=(), paths=paths)
     suite = SpeedSuite(

@@ -7,25 +7,24 @@ from pathlib import Path
 
 import pytest
 
+from attnbench.bench import config as speed_suite
+from attnbench.bench.config import load_suite
 from attnbench.errors import AttnbenchError
-from attnbench.suites import speed_suite
-from attnbench.suites.speed_suite import load_suite
-from attnbench.suites.suitefile import PACKAGED_SUITES, REPO_SUITES, Lines, find_suite
+from attnbench.tomlconfig import SUITES_DIR, Lines, find_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_shipped_suites_parse_and_the_packaged_copies_match():
-    names = sorted(p.name for p in REPO_SUITES.glob("*.toml"))
+def test_shipped_suites_parse_and_exist_once():
+    names = sorted(p.name for p in SUITES_DIR.glob("*.toml"))
     assert {"speed.toml", "ci.toml", "speed-gpu.toml"} <= set(names)
-    assert sorted(p.name for p in PACKAGED_SUITES.glob("*.toml")) == names
     for name in names:
-        assert (REPO_SUITES / name).read_bytes() == (PACKAGED_SUITES / name).read_bytes(), (
-            f"attnbench/data/suites/{name} differs from suites/{name}: copy it over"
-        )
-        suite = load_suite(str(REPO_SUITES / name))
+        suite = load_suite(name.removesuffix(".toml"))
         assert suite.name == name.removesuffix(".toml")
-    assert find_suite("speed") == REPO_SUITES / "speed.toml"
+    assert find_suite("speed") == SUITES_DIR / "speed.toml"
+    # The checkout's top-level suites/ is the shipped folder itself, not a copy to keep in sync.
+    top = ROOT / "suites"
+    assert top.resolve() == SUITES_DIR.resolve(), "suites/ must link to attnbench/data/suites"
 
 
 def write(tmp_path, text: str) -> str:

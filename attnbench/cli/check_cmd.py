@@ -58,14 +58,16 @@ def check(
         raise AttnbenchError(f"unknown device {device!r}; accepted: {', '.join(DEVICES)}")
     if device == "cuda" and not torch.cuda.is_available():
         raise AttnbenchError("--device cuda: no CUDA GPU is visible to torch; use --device cpu")
-    if causal and not mech.causal:
-        raise AttnbenchError(f"{mech.name} has no causal form; drop --causal")
-    if not causal and not mech.bidirectional:
-        raise AttnbenchError(f"{mech.name} is causal only; add --causal")
+    problems = mech.not_supported_reasons(device=None, causal=causal)
+    if problems:
+        raise AttnbenchError(f"{'; '.join(problems)}; {'drop' if causal else 'add'} --causal")
     # A path asked for by name must run here (else one line, exit 2); without --path, paths that
     # cannot run here are listed as skipped, with the reason.
     paths = (
-        [mech.select_path(p, device, mech.backward) for p in path]
+        [
+            mech.require(p, device=device, dtype=DTYPES[dtype], backward=mech.backward)
+            for p in path
+        ]
         if path
         else [p for p in mech.paths if p.kind != "reference"]
     )
@@ -79,13 +81,16 @@ def check(
     failed = 0
     kwargs = {"causal": causal, **params}
     for p in paths:
-        reason = p.unavailable(device, mech.backward)
+        reasons = mech.not_supported_reasons(
+            p, device=device, dtype=DTYPES[dtype], backward=mech.backward
+        )
+        reason = "; ".join(reasons)
         if reason:
             table.add_row(p.name, "-", "-", "-", "-", f"[yellow]skipped: {reason}[/yellow]")
             continue
         try:
             verdicts = compare_paths(
-                p.fn, mech.reference.fn, inputs, kwargs, backward=mech.backward
+                p, mech.reference, inputs, kwargs, backward=mech.backward
             )
         except AttnbenchError as e:  # the path refuses these params / this call
             if path:  # asked for by name: one line, exit 2

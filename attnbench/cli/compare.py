@@ -9,9 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.cli.common import err, out
-from attnbench.errors import AttnbenchError
-from attnbench.report.compare import (
+from attnbench.bench.compare import (
     MEM_SLACK_BYTES,
     MEM_TOLERANCE,
     MEM_TOLERANCE_OTHER,
@@ -21,6 +19,8 @@ from attnbench.report.compare import (
     compare,
     markdown,
 )
+from attnbench.cli.common import err, out
+from attnbench.errors import AttnbenchError
 
 STYLE = {
     "worse": "bold red",

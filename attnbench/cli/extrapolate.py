@@ -1,4 +1,4 @@
-"""``attnbench run extrapolate`` and ``attnbench run entropy`` (seed 003)."""
+"""``attnbench run extrapolate`` and ``attnbench run entropy`` (Su 2021)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def extrapolate(
 ) -> None:
     """Train a byte-level MLM encoder at one length and measure accuracy at longer ones.
 
-    Seed 003: Attention-O vs Attention-E (log_512 n), registry mechanisms, eval-time tricks.
+    Su 2021: Attention-O vs Attention-E (log_512 n), registry mechanisms, eval-time tricks.
 
     Writes extrapolate.csv, extrapolate.json, table.md and accuracy_vs_length.png to --out.
 
@@ -112,9 +112,10 @@ def extrapolate(
 
     Example: [bold]attnbench run extrapolate --seeds 3 --impl local --out results/x[/bold]
     """
-    from attnbench.suites.extrapolate import RunOptions, run_extrapolate
-    from attnbench.suites.extrapolate_config import load_preset
-    from attnbench.suites.mlm_train import Interrupted
+    from attnbench.cli.progress import default_progress
+    from attnbench.extrapolation.config import load_preset
+    from attnbench.extrapolation.run import RunOptions, run_extrapolate
+    from attnbench.extrapolation.train import Interrupted
 
     cfg = load_preset(preset)
     values = _overrides(
@@ -153,6 +154,7 @@ def extrapolate(
         impls=list(impl or []),
         impl_params=parse_params(param),
         log=lambda msg: err.print(msg, markup=False, highlight=False),
+        progress=default_progress,
     )
     try:
         result = run_extrapolate(cfg, opts)
@@ -192,14 +194,14 @@ def entropy(
 
     (a) random q, k of norm sqrt(d); (b) inside the trained models, when checkpoints exist.
 
-    Fits H = log n - c*lambda*d + b (seed 003: c about 0.24) and reports dH/dlog n.
+    Fits H = log n - c*lambda*d + b (Su 2021: c about 0.24) and reports dH/dlog n.
 
     Writes entropy.csv, entropy.json and entropy.png.
 
     Example: [bold]attnbench run entropy --max-n 1024[/bold]
     """
-    from attnbench.suites.entropy import EntropyOptions, run_entropy
-    from attnbench.suites.extrapolate_config import load_preset
+    from attnbench.extrapolation.config import load_preset
+    from attnbench.extrapolation.entropy import EntropyOptions, run_entropy
 
     cfg = load_preset(preset)
     opts = EntropyOptions(

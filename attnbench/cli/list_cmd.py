@@ -31,6 +31,7 @@ def describe(mech: Mechanism, device: str) -> dict[str, Any]:
         "family": mech.family,
         "description": mech.description,
         "source": mech.source,
+        "sources": [s.plain() for s in mech.sources],
         "time": mech.time,
         "memory": mech.memory,
         "causal": mech.causal,

@@ -23,7 +23,7 @@ def plot_cmd(
 
     Example: [bold]attnbench plot results/speed/cpu/results.csv --format svg[/bold]
     """
-    from attnbench.report.plot import plot_results  # matplotlib only when plotting
+    from attnbench.bench.plot import plot_results  # matplotlib only when plotting
 
     for path in plot_results(results, out_dir, format):
         out.print(f"wrote {path}")

@@ -14,9 +14,9 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from attnbench.bench.config import load_suite, override
+from attnbench.bench.run import SpeedRun, describe_not_run, run_speed, summary_rows
 from attnbench.cli.common import err, out, parse_params
-from attnbench.suites.speed import SpeedRun, describe_not_run, run_speed, summary_rows
-from attnbench.suites.speed_suite import load_suite, override
 
 INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C (128 + SIGINT)
 #: The sweep stopped on a sticky CUDA error: run the same command again with --resume (EX_TEMPFAIL).

@@ -6,7 +6,7 @@ kernels, imports the kernel modules (:mod:`triton_gau`, :mod:`triton_retention`,
 triton) only when a kernel is launched. So ``import attnbench``, ``attnbench list`` and every CPU
 path work without Triton installed.
 
-No AFT kernel (seed 001), on purpose: AFT-full is sigmoid(Q) * (exp(w) @ (exp(K) * V)) /
+No AFT kernel (Zhai et al. 2021), on purpose: AFT-full is sigmoid(Q) * (exp(w) @ (exp(K) * V)) /
 (exp(w) @ exp(K)). Both products share the left factor, so they are one GEMM of exp(w) [T, T]
 against [exp(K) * V | exp(K)] [T, 2d], and since w is shared across the batch the batch folds into
 the GEMM's N dimension: a single large dense matmul that cuBLAS already runs at the device's matmul

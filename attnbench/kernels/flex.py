@@ -35,7 +35,7 @@ from torch import Tensor
 
 from attnbench.errors import AttnbenchError
 from attnbench.requirements import CUDA, FLEX
-from attnbench.spec import Path, Requirement
+from attnbench.spec import PathSpec, Requirement
 
 #: ``visible(i, j, n, causal, params) -> bool tensor`` (see ``Mechanism.visible``).
 VisibleRule = Callable[..., Tensor]
@@ -260,8 +260,8 @@ def flex_fused(
     name: str = "flex",
     note: str = "",
     requires: tuple[Requirement, ...] = (CUDA, FLEX),
-) -> Path:
-    """The registry entry of a FlexAttention path: ``Path(name, "fused", flex_path(...))`` that
+) -> PathSpec:
+    """The registry entry of a FlexAttention path: ``PathSpec(name, "fused", flex_path(...))`` that
     needs CUDA and FlexAttention. The one-line wiring for a sparse mechanism:
     ``flex_fused(visible)``; with a score modification: ``flex_fused(visible, builder)``.
 
@@ -269,7 +269,7 @@ def flex_fused(
     matrix, which is a correctness check (the tests call the path function directly), not a path
     to time or train with.
     """
-    return Path(
+    return PathSpec(
         name,
         "fused",
         flex_path(visible, score_mod, enable_gqa=enable_gqa, name=name),

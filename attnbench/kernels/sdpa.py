@@ -21,7 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from attnbench.errors import AttnbenchError
 from attnbench.requirements import CUDA
-from attnbench.spec import Path
+from attnbench.spec import PathSpec
 
 #: Backend names as users write them (path ``sdpa-<name>``) -> torch's enum.
 BACKENDS: dict[str, SDPBackend] = {
@@ -113,11 +113,11 @@ def backend_path(backend: str, *, enable_gqa: bool = False) -> Callable[..., Ten
 
 def backend_paths(
     fn_for: Callable[[str], Callable[..., Tensor]], note: str = ""
-) -> tuple[Path, ...]:
-    """One fused Path per backend (``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn``), each
+) -> tuple[PathSpec, ...]:
+    """One fused PathSpec per backend (``sdpa-flash``, ``sdpa-efficient``, ``sdpa-cudnn``), each
     needing CUDA; ``fn_for(backend)`` returns that backend's path function."""
     return tuple(
-        Path(
+        PathSpec(
             f"sdpa-{backend}",
             "fused",
             fn_for(backend),

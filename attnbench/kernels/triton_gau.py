@@ -1,5 +1,5 @@
 """Triton kernels for relu^2 attention (GAU, Hua et al. 2022, "Transformer Quality in Linear
-Time"; seed 000), forward and backward.
+Time"), forward and backward.
 
 MUST EQUAL (the dense formula, written out in tests/test_triton_interpret.py):
 

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from attnbench.errors import AttnbenchError
 from attnbench.requirements import CUDA, TRITON
-from attnbench.spec import Path
+from attnbench.spec import PathSpec
 
 #: dtypes the Triton kernels take (tl.dot has no float64 tensor-core path).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -154,7 +154,7 @@ def _relu2(
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
-#: GAU normalisations: "ns" = 1/(n_i s) (the seed's choice), "n2" = 1/n_i^2 (the paper's code).
+#: GAU normalisations: "ns" = 1/(n_i s) (Su 2022's choice), "n2" = 1/n_i^2 (the paper's code).
 GAU_NORMS = ("ns", "n2")
 
 
@@ -194,7 +194,7 @@ def gau_relu2(
 ) -> Tensor:
     """GAU attention A V with A = relu^2(q k^T) / (n_i s) (``norm="ns"``) or / n_i^2 (``"n2"``),
     n_i = keys row i sees (T, or i + 1 when causal; counted within the chunk when ``chunk`` > 0),
-    s = D. q, k ``[B, H, T, D]``, v ``[B, H, T, Dv]`` -> ``[B, H, T, Dv]``. Seed 000.
+    s = D. q, k ``[B, H, T, D]``, v ``[B, H, T, Dv]`` -> ``[B, H, T, Dv]``. Su 2022.
     """
     if norm not in GAU_NORMS:
         raise AttnbenchError(f"invalid GAU norm={norm!r}; accepted: {', '.join(GAU_NORMS)}")
@@ -277,7 +277,7 @@ def retention_chunked(
     block: int | None = None,
 ) -> Tensor:
     """Causal o_t = sum_{s<=t} gamma_h^(t-s) (q_t . k_s) v_s, chunkwise (RetNet's chunkwise form,
-    seed 002; gamma = 1 is unnormalised causal linear attention). q, k ``[B, H, T, D]``,
+    Sun et al. 2023; gamma = 1 is unnormalised causal linear attention). q, k ``[B, H, T, D]``,
     v ``[B, H, T, Dv]`` (D, Dv <= 128) -> ``[B, H, T, Dv]``. ``gamma``: one value or one per
     head, in (0, 1]. ``block``: chunk length (default 64; tests use 16).
     """
@@ -326,10 +326,10 @@ def flash_global_chunked(
     chunk: int,
     row_scale: Tensor | None = None,
 ) -> Tensor:
-    """FLASH's causal global (linear) part, seed 000: for t in chunk g = floor(t / c),
+    """FLASH's causal global (linear) part (Su 2022): for t in chunk g = floor(t / c),
     o_t = row_scale_t * q_t . sum_{s < g c} k_s^T v_s, the sum over whole earlier chunks only
-    (exclusive cumulative sum). ``row_scale`` default: 1 / (g c), the count of tokens summed (the
-    seed's correction; chunk 0 sums nothing and gives 0). q, k ``[B, H, T, D]`` (already the
+    (exclusive cumulative sum). ``row_scale`` default: 1 / (g c), the count of tokens summed (Su
+    2022's correction; chunk 0 sums nothing and gives 0). q, k ``[B, H, T, D]`` (already the
     Q_lin, K_lin affine maps), v ``[B, H, T, Dv]`` (D, Dv <= 128) -> ``[B, H, T, Dv]``.
     ``chunk`` c: a power of two >= 16 (it is the kernel's tile; FLASH uses 256).
     """
@@ -346,7 +346,7 @@ def flash_global_chunked(
 
 
 # --------------------------------------------------------------------------------------------
-# Path factories: the one-line wiring into a mechanism's ``paths``
+# PathSpec factories: the one-line wiring into a mechanism's ``paths``
 # --------------------------------------------------------------------------------------------
 
 
@@ -354,9 +354,9 @@ def flash_global_chunked(
 Refuse = Callable[[dict[str, Any]], str | None]
 
 
-def fused_path(fn: Callable[..., Tensor], memory: str, note: str, name: str = "triton") -> Path:
-    """A fused Path (needs CUDA and Triton) around a path function."""
-    return Path(name, "fused", fn, memory=memory, requires=REQUIRES, note=note)
+def fused_path(fn: Callable[..., Tensor], memory: str, note: str, name: str = "triton") -> PathSpec:
+    """A fused PathSpec (needs CUDA and Triton) around a path function."""
+    return PathSpec(name, "fused", fn, memory=memory, requires=REQUIRES, note=note)
 
 
 def _refused(kernel: str, refuse: Refuse | None, params: dict[str, Any]) -> None:
@@ -369,7 +369,7 @@ def gau_path(
     norm: Callable[[dict[str, Any]], str] = lambda params: params.get("norm", "ns"),
     chunk: Callable[[dict[str, Any]], int] = lambda params: 0,
     refuse: Refuse | None = None,
-) -> Path:
+) -> PathSpec:
     """The Triton GAU path; ``norm(params)`` gives "ns" or "n2", ``chunk(params)`` 0 or c;
     ``refuse(params)`` names parameter values the kernel does not compute."""
 
@@ -383,46 +383,6 @@ def gau_path(
     )
 
 
-def retention_path(
-    gamma: Callable[[int, dict[str, Any]], Sequence[float] | Tensor],
-    refuse: Refuse | None = None,
-) -> Path:
-    """The Triton chunkwise retention path (unnormalised, causal); ``gamma(heads, params)`` gives
-    the per-head decays (e.g. :func:`retnet_gammas`); ``refuse(params)`` names parameter values
-    the kernel does not compute (a row normalisation over |scores| needs every score)."""
-
-    def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **params: Any) -> Tensor:
-        if not causal:
-            raise AttnbenchError("the Triton retention kernel is causal only; use causal=True")
-        _refused("retention", refuse, params)
-        return retention_chunked(q, k, v, gamma(q.shape[1], params))
-
-    fn.__name__ = fn.__qualname__ = "retention_triton"
-    return fused_path(fn, memory="O(n d) (no per-chunk states stored)", note="Triton chunkwise")
-
-
-def linear_path(
-    feature_map: Callable[[Tensor], Tensor],
-    normalize: Callable[[dict[str, Any]], bool] = lambda params: True,
-    eps: Callable[[dict[str, Any]], float] = lambda params: 0.0,
-    refuse: Refuse | None = None,
-) -> Path:
-    """The Triton causal linear-attention path: q, k go through ``feature_map`` (phi, e.g.
-    elu + 1), then :func:`linear_attention_chunked`. Bidirectional calls are refused (there the
-    two-matmul form phi(q) (phi(k)^T v) is already optimal)."""
-
-    def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **params: Any) -> Tensor:
-        if not causal:
-            raise AttnbenchError("the Triton linear-attention kernel is causal only")
-        _refused("linear-attention", refuse, params)
-        return linear_attention_chunked(
-            feature_map(q), feature_map(k), v, normalize=normalize(params), eps=eps(params)
-        )
-
-    fn.__name__ = fn.__qualname__ = "linear_triton"
-    return fused_path(fn, memory="O(n d) (no per-chunk states stored)", note="Triton chunkwise")
-
-
 def retnet_gammas(heads: int) -> list[float]:
-    """RetNet's multi-scale decays, gamma_h = 1 - 2^(-5 - h) (seed 002)."""
+    """RetNet's multi-scale decays, gamma_h = 1 - 2^(-5 - h) (Sun et al. 2023)."""
     return [1.0 - math.pow(2.0, -5.0 - h) for h in range(heads)]

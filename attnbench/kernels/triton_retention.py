@@ -1,5 +1,5 @@
 """Triton kernel for chunkwise causal decayed linear attention: retention (Sun et al. 2023,
-RetNet; seed 002) and, with gamma = 1, plain causal linear attention (seed 000).
+RetNet) and, with gamma = 1, plain causal linear attention (Katharopoulos et al. 2020).
 
 MUST EQUAL (the dense parallel form, written out in tests/test_triton_interpret.py):
 

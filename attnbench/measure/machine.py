@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 import attnbench
+from attnbench.errors import AttnbenchError
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -114,9 +115,11 @@ def _dist_version(name: str) -> str | None:
 
 
 def versions() -> dict[str, Any]:
+    """The software a result was measured with (every experiment records this one dict)."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     return {
         "python": sys.version.split()[0],
+        "platform": platform.platform(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": cudnn,
@@ -124,6 +127,32 @@ def versions() -> dict[str, Any]:
         "numpy": _dist_version("numpy"),
         "attnbench": attnbench.__version__,
     }
+
+
+def resolve_device(name: str, source: str = "--device") -> torch.device:
+    """``auto``: the GPU when there is one, else the CPU; ``cpu``, ``cuda``, ``cuda:N``, ``mps``.
+    A device that is not here is an error naming ``source`` (where the name came from)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda", "mps"):
+        raise AttnbenchError(
+            f"{source}: unknown device {name!r}; accepted: auto, cpu, cuda, cuda:N, mps"
+        )
+    missing = (device.type == "cuda" and not torch.cuda.is_available()) or (
+        device.type == "mps" and not torch.backends.mps.is_available()
+    )
+    if device.type == "cuda" and not missing and device.index is not None:
+        missing = device.index >= torch.cuda.device_count()
+    if missing:
+        raise AttnbenchError(
+            f"{source}: device {name!r}: no GPU of that kind is visible to torch here; "
+            "accepted here: auto, cpu"
+        )
+    return device
 
 
 def git_state() -> dict[str, Any]:

@@ -12,7 +12,7 @@ machine running more processes than it has cores, wall-clock samples of a few mi
 preempted again and again and their ratios swing by 1.5-6x between runs (measured here at load
 8 on 2 cores), while CPU time stays put. The CI regression gate uses it, with one thread.
 
-Noise on a shared machine is fought in two ways (see ``FIELD-NOTES``): medians and the p20..p80
+Noise on a shared machine is fought in two ways: medians and the p20..p80
 spread instead of the mean, and *interleaving*: every member of a group (the mechanisms measured
 at one length) is timed once per round, A B C A B C ..., so that a burst of load from another
 process hits all of them alike. A ratio taken per round between two members (``paired_ratio``)

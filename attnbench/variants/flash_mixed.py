@@ -1,4 +1,4 @@
-"""Mixed chunk attention: FLASH and MC-TFM (Hua et al. 2022; seed 000).
+"""Mixed chunk attention: FLASH and MC-TFM (Hua et al. 2022; Su 2022).
 
 The sequence is cut into chunks of ``chunk`` = c tokens (the last one shorter when c does not
 divide T). Each output row is the sum of a local part, quadratic inside the row's chunk, and a
@@ -8,11 +8,11 @@ global part, linear attention over the chunks, from its own projections q_lin, k
 
 Shapes: q, k, q_lin, k_lin ``[B, H, T, s]``, v ``[B, H, T, e]`` -> o ``[B, H, T, e]``.
 
-Normalisers — every one counts the terms really summed (the seed's correction):
+Normalisers — every one counts the terms really summed (Su 2022's correction):
 
 * ``flash`` local part: relu²(q_i · k_j) / (m_i s) over the keys j of i's chunk (``norm=ns``, the
-  seed's 1/(c s)) or / m_i² (``norm=n2``, the paper's code style), where m_i is the number of keys
-  row i sees in its chunk: the chunk's real length (so a partial last chunk divides by its own
+  1/(c s) of Su 2022) or / m_i² (``norm=n2``, the paper's code style), where m_i is the number of
+  keys row i sees in its chunk: the chunk's real length (so a partial last chunk divides by its own
   length, not c), and the position inside the chunk plus one when causal (upper triangle masked).
 * ``mc-softmax`` local part: softmax(q_i · k_j / √s) over the same keys (no count needed).
 * global part: bidirectional L_i = all T tokens, |L_i| = T. Causal: L_i = the tokens of the chunks
@@ -24,7 +24,7 @@ chunks, the two parts added as in FLASH. Its layer projects q, k, v, q_lin, k_li
 
 Paths: ``reference`` builds the T x T matrix of both parts with the counts above read off the
 masks. ``efficient`` computes the local part per chunk (O(T·c) memory) and the global part from
-per-chunk states k_linᵀ v (the causal one keeps (T/c)·s·e numbers, the seed's b(n/c)se), never a
+per-chunk states k_linᵀ v (the causal one keeps (T/c)·s·e numbers, Su 2022's b(n/c)se), never a
 T x T tensor; the state sums run in float32 for half inputs. ``triton`` (fused, CUDA): the Triton
 relu² kernel restricted to chunks for the local part and the chunkwise kernel for the causal
 global part (:func:`flash_triton`); causal calls need a chunk that is a power of two >= 16.
@@ -41,9 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.errors import AttnbenchError
 from attnbench.kernels import triton_ops
-from attnbench.spec import ExtraInput, Mechanism, Param, Path, Shape, positive_int
+from attnbench.spec import ExtraInput, Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.gau import NORMS, sdpa_any_width
 
 # --------------------------------------------------------------------------------------------
@@ -328,13 +329,13 @@ FLASH = Mechanism(
     name="flash",
     family="gau",
     description="FLASH mixed chunk attention: relu² inside chunks + linear attention across",
-    source="Hua et al. 2022 (Transformer Quality in Linear Time); seed 000",
+    sources=(sources.HUA_2022, sources.SU_2022_FLASH),
     params=(
         CHUNK,
         Param(
             "norm",
             "ns",
-            "local relu2 normaliser: ns = 1/(m s) (the seed), n2 = 1/m^2; m = keys in chunk",
+            "local relu2 normaliser: ns = 1/(m s) (Su 2022), n2 = 1/m^2; m = keys in chunk",
             choices=NORMS,
         ),
         positive_int("s", 128, "FLASH layer: width of Z, the q/k head dim (operator: q's)"),
@@ -342,8 +343,8 @@ FLASH = Mechanism(
     ),
     extra_inputs=LIN_INPUTS,
     paths=(
-        Path("reference", "reference", flash_reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", flash_reference, memory="O(n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             flash_efficient,
@@ -371,12 +372,12 @@ MC_SOFTMAX = Mechanism(
     name="mc-softmax",
     family="gau",
     description="MC-TFM: softmax attention inside chunks + linear attention across chunks",
-    source="Hua et al. 2022 (MC-TFM); seed 000",
+    sources=(sources.HUA_2022, sources.SU_2022_FLASH),
     params=(CHUNK,),
     extra_inputs=LIN_INPUTS,
     paths=(
-        Path("reference", "reference", mc_reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", mc_reference, memory="O(n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             mc_efficient,

@@ -1,4 +1,4 @@
-"""FlashAttention's algorithm in plain PyTorch (Dao et al., 2022; seed 002).
+"""FlashAttention's algorithm in plain PyTorch (Dao et al., 2022).
 
 Exact softmax attention computed over K/V tiles with an online softmax: a running row maximum m and
 a running sum l rescale the partial output whenever a tile raises the maximum. The backward pass
@@ -17,7 +17,8 @@ import math
 import torch
 from torch import Tensor
 
-from attnbench.spec import Mechanism, Path, positive_int
+from attnbench import sources
+from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.softmax import reference as softmax_reference
 
 
@@ -102,11 +103,11 @@ MECHANISM = Mechanism(
     name="flash-tiled",
     family="softmax",
     description="FlashAttention's tiled online softmax with recomputing backward, in PyTorch",
-    source="Dao et al. 2022 (FlashAttention); seed 002",
+    sources=(sources.DAO_2022,),
     params=(positive_int("tile", 256, "keys per tile (memory grows like n * tile)"),),
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             tiled,

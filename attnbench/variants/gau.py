@@ -1,4 +1,4 @@
-"""GAU's attention core (Hua et al. 2022, "Transformer Quality in Linear Time"; seed 000).
+"""GAU's attention core (Hua et al. 2022, "Transformer Quality in Linear Time"; Su 2022).
 
 q ``[B, H, T, s]``, k ``[B, H, T, s]``, v ``[B, H, T, e]`` -> o ``[B, H, T, e]``. The GAU layer uses
 one head (H = 1) with s = 128 and e = 2d; the operator works for any H and any value width.
@@ -6,13 +6,13 @@ one head (H = 1) with s = 128 and e = 2d; the operator works for any H and any v
 ``scoring`` picks the attention matrix A (o = A v):
 
 * ``relu2`` (default): A = relu²(Q Kᵀ) · w_i, no softmax. The row weight w_i is set by ``norm``:
-  ``ns`` (default) w_i = 1/(n_i s), i.e. relu²(Q Kᵀ/√s)/n, the seed's form; ``n2`` w_i = 1/n_i², the
+  ``ns`` (default) w_i = 1/(n_i s), i.e. relu²(Q Kᵀ/√s)/n, Su 2022's form; ``n2`` w_i = 1/n_i², the
   paper's appendix code (relu²(Q Kᵀ/n)). n_i is the number of keys row i really sees: T when
   bidirectional, i + 1 when causal (lucidrains divides causal rows by the full T too; the count of
   the terms summed is the consistent choice).
 * ``softmax``: softmax(Q Kᵀ/√s) — GAU with ordinary softmax scores.
 * ``softmax_plus``: softmax(log_512(max(n_i, min_n)) · Q Kᵀ/√s), the entropy-invariant scale of
-  seed 003 as the seed's author uses it in GAU (bert4keras ``softmax_plus`` takes min_n = 16).
+  Su 2021 as its author uses it in GAU (bert4keras ``softmax_plus`` takes min_n = 16).
 
 ``norm`` only affects ``relu2``; ``min_n`` only ``softmax_plus``. s is q's head dim; the ``s`` and
 ``expansion`` parameters size the GAU layer (and the benchmark's value width), not the operator.
@@ -39,13 +39,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.kernels.triton_ops import gau_path
-from attnbench.spec import Mechanism, Param, Path, Shape, positive_int
+from attnbench.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.dense import causal_mask, keys_seen, softmax_attention
 
 SCORINGS = ("relu2", "softmax", "softmax_plus")
 NORMS = ("ns", "n2")
-#: Base of the entropy-invariant log (seed 003): n = 512 gives back 1/sqrt(s).
+#: Base of the entropy-invariant log (Su 2021): n = 512 gives back 1/sqrt(s).
 LOG_BASE = 512.0
 #: Largest finite float16: relu²(x) overflows once x > sqrt(65504) ~ 255.9.
 FP16_MAX = 65504.0
@@ -65,9 +66,6 @@ def reference(
     scoring: str,
     norm: str,
     min_n: int,
-    tile: int,
-    s: int,
-    expansion: int,
 ) -> Tensor:
     """Dense A = score(Q Kᵀ), then A v. q, k ``[B, H, T, s]``, v ``[B, H, T, e]`` -> o, same."""
     T, D = q.shape[-2], q.shape[-1]
@@ -164,8 +162,6 @@ def efficient(
     norm: str,
     min_n: int,
     tile: int,
-    s: int,
-    expansion: int,
 ) -> Tensor:
     """No n x n tensor: tiled relu², or SDPA. q, k ``[B, H, T, s]``, v ``[B, H, T, e]``."""
     T, D = q.shape[-2], q.shape[-1]
@@ -249,7 +245,7 @@ PARAMS = (
     Param(
         "norm",
         "ns",
-        "relu2 row normaliser: ns = 1/(n s) (the seed), n2 = 1/n^2 (the paper's code)",
+        "relu2 row normaliser: ns = 1/(n s) (Su 2022), n2 = 1/n^2 (the paper's code)",
         choices=NORMS,
     ),
     positive_int("min_n", 1, "softmax_plus: floor on n before the log (bert4keras: 16)"),
@@ -263,12 +259,12 @@ MECHANISM = Mechanism(
     name="gau",
     family="gau",
     description="gated attention unit core: relu²(QKᵀ)/(n s) V, single head (FLASH-Quad's layer)",
-    source="Hua et al. 2022 (Transformer Quality in Linear Time); seed 000",
+    sources=(sources.HUA_2022, sources.SU_2022_FLASH),
     aliases=("flash-quad",),
     params=PARAMS,
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             efficient,

@@ -1,10 +1,10 @@
-"""The layers of the GAU family: GAU (FLASH-Quad), FLASH, and MC-TFM's attention (seed 000).
+"""The layers of the GAU family: GAU (FLASH-Quad), FLASH, and MC-TFM's attention (Hua et al. 2022).
 
 Every layer maps x ``[B, T, d]`` to ``[B, T, d]`` and is a token mixer only: the model around it
 adds the norm and the residual. ``GAULayer`` and ``FlashLayer`` replace attention + FFN (their
 mechanisms say ``whole_block=True``); ``MixedChunkMixer`` is the attention of a normal Transformer.
 
-GAU (Hua et al. 2022, Eq. 1-4; seed 000)::
+GAU (Hua et al. 2022, Eq. 1-4)::
 
     U = swish(x W_u), V = swish(x W_v)      [B, T, e], e = expansion * d
     Z = swish(x W_z)                        [B, T, s]
@@ -16,11 +16,12 @@ initialised 1 + N(0, 0.02) and β to 0: Q and K start as (slightly different cop
 scores Q Kᵀ / sqrt(s) are O(1) and A is a working attention from the first step. The paper's code
 and lucidrains' FLASH-pytorch draw γ ~ N(0, 0.02), which makes A ~ 1e-11 at initialisation; they
 get away with it because their scores also carry a learned relative-position bias, which the
-seed's formula (rotary only) has not: without it, a 4-layer GAU MLM encoder trained here stayed at
-the unigram loss (3.33 nats for 3000 steps, gradients ~1e-12, below Adam's eps), while the same
-model with γ ~ 1 left that plateau within 150 steps. A rotary embedding, when given, is
-applied to every query and key map (to all four in FLASH, as lucidrains does); a ``Rotary`` built
-for another head width is re-created at width s with the same base and position scale.
+formula of Su 2022 (rotary only) has not: without it, a 4-layer GAU MLM encoder trained here
+stayed at the unigram loss (3.33 nats for 3000 steps, gradients ~1e-12, below Adam's eps),
+while the same model with γ ~ 1 left that plateau within 150 steps. A rotary embedding, when
+given, is applied to every query and key map (to all four in FLASH, as lucidrains does); a
+``Rotary`` built for another head width is re-created at width s with the same base and position
+scale.
 """
 
 from __future__ import annotations
@@ -32,10 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnbench import registry
+from attnbench.building_blocks import DeviceCheck, Rotary
 from attnbench.errors import AttnbenchError
-from attnbench.layers import Rotary
-from attnbench.spec import Mechanism, Path
+from attnbench.spec import Mechanism, PathSpec
 
 #: γ of the scale-and-offset maps starts at 1 + N(0, GAMMA_INIT_STD) (see the module docstring
 #: for why not the paper's N(0, 0.02)).
@@ -61,7 +61,7 @@ class _Mixer(nn.Module):
 
     def __init__(
         self,
-        mechanism: str | Mechanism,
+        mechanism: Mechanism,
         *,
         causal: bool,
         path: str | None,
@@ -70,14 +70,11 @@ class _Mixer(nn.Module):
         rope_dim: int,
     ):
         super().__init__()
-        self.mech = registry.get(mechanism)
-        if causal and not self.mech.causal:
-            raise AttnbenchError(f"{self.mech.name} has no causal form")
-        if not causal and not self.mech.bidirectional:
-            raise AttnbenchError(f"{self.mech.name} is causal only")
-        self.params = self.mech.resolve(params)
+        self.mech = mechanism
+        self.path: PathSpec = mechanism.require(path, device=None, causal=causal)
+        self.device_check = DeviceCheck(mechanism, self.path)
+        self.params = mechanism.resolve(params)
         self.causal = causal
-        self.path: Path = self.mech.path(path) if path else self.mech.default_path
         self.rope, self.rope_dim = rope, rope_dim
         self._own_rope: Rotary | None = None
 
@@ -102,7 +99,7 @@ class GAULayer(_Mixer):
 
     def __init__(
         self,
-        mechanism: str | Mechanism,
+        mechanism: Mechanism,
         d_model: int,
         heads: int = 1,
         *,
@@ -113,9 +110,8 @@ class GAULayer(_Mixer):
         max_len: int = 512,
         maps: int = 2,
     ):
-        mech = registry.get(mechanism)
-        s = mech.resolve(params)["s"]
-        super().__init__(mech, causal=causal, path=path, params=params, rope=rope, rope_dim=s)
+        s = mechanism.resolve(params)["s"]
+        super().__init__(mechanism, causal=causal, path=path, params=params, rope=rope, rope_dim=s)
         self.s, self.e = s, self.params["expansion"] * d_model
         self.hidden = nn.Linear(d_model, 2 * self.e + s)  # W_u, W_v, W_z in one matmul
         self.maps = ScaleOffset(s, maps)
@@ -126,10 +122,11 @@ class GAULayer(_Mixer):
         return u, v, z  # (B, T, e), (B, T, e), (B, T, s)
 
     def _attend(self, v: Tensor, *qk: Tensor, **extra: Tensor) -> Tensor:
-        o = self.path.fn(*qk, v.unsqueeze(1), causal=self.causal, **self.params, **extra)
+        o = self.path(*qk, v.unsqueeze(1), causal=self.causal, **self.params, **extra)
         return o.squeeze(1)  # (B, T, e)
 
     def forward(self, x: Tensor) -> Tensor:
+        self.device_check(x)
         u, v, z = self._uvz(x)
         q, k = self.rotate(*(t.unsqueeze(1) for t in self.maps(z)))  # (B, 1, T, s) each
         return self.wo(u * self._attend(v, q, k))  # (B, T, d)
@@ -138,10 +135,11 @@ class GAULayer(_Mixer):
 class FlashLayer(GAULayer):
     """FLASH, one head: GAU whose attention is mixed chunk attention; four maps of Z."""
 
-    def __init__(self, mechanism: str | Mechanism, d_model: int, heads: int = 1, **kwargs):
+    def __init__(self, mechanism: Mechanism, d_model: int, heads: int = 1, **kwargs):
         super().__init__(mechanism, d_model, heads, maps=4, **kwargs)
 
     def forward(self, x: Tensor) -> Tensor:
+        self.device_check(x)
         u, v, z = self._uvz(x)
         q, k, q_lin, k_lin = self.rotate(*(t.unsqueeze(1) for t in self.maps(z)))  # (B,1,T,s)
         return self.wo(u * self._attend(v, q, k, q_lin=q_lin, k_lin=k_lin))  # (B, T, d)
@@ -153,7 +151,7 @@ class MixedChunkMixer(_Mixer):
 
     def __init__(
         self,
-        mechanism: str | Mechanism,
+        mechanism: Mechanism,
         d_model: int,
         heads: int,
         *,
@@ -172,11 +170,12 @@ class MixedChunkMixer(_Mixer):
         self.wo = nn.Linear(d_model, d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        self.device_check(x)
         B, T, d = x.shape
         parts = self.qkv(x).view(B, T, 5, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v, q_lin, k_lin = parts.unbind(0)  # (B, H, T, hd) each
         q, k, q_lin, k_lin = self.rotate(q, k, q_lin, k_lin)
-        o = self.path.fn(
+        o = self.path(
             q, k, v, causal=self.causal, q_lin=q_lin, k_lin=k_lin, **self.params
         )  # (B, H, T, hd)
         return self.wo(o.transpose(1, 2).reshape(B, T, d))

@@ -1,8 +1,8 @@
 """Multi-query and grouped-query attention: K/V shared across groups of query heads.
 
 MQA (Shazeer, 2019) shares one K/V head among all query heads; GQA (Ainslie et al., 2023) shares
-each of ``kv_heads`` K/V heads among ``heads / kv_heads`` consecutive query heads. Seed 002 names
-both as FlashAttention-2 features. q is [B, H, T, D]; k and v are [B, Hkv, T, D].
+each of ``kv_heads`` K/V heads among ``heads / kv_heads`` consecutive query heads. FlashAttention-2
+(Dao 2023) supports both. q is [B, H, T, D]; k and v are [B, Hkv, T, D].
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.kernels.sdpa import backend_path, backend_paths
-from attnbench.spec import Mechanism, Path, Shape, positive_int
+from attnbench.spec import Mechanism, PathSpec, Shape, positive_int
 from attnbench.variants.dense import causal_mask, softmax_attention
 
 
@@ -31,8 +32,8 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, kv_heads: int = 1) ->
 
 
 PATHS = (
-    Path("reference", "reference", reference, memory="O(n^2)"),
-    Path(
+    PathSpec("reference", "reference", reference, memory="O(n^2)"),
+    PathSpec(
         "efficient",
         "efficient",
         sdpa,
@@ -60,7 +61,7 @@ MQA = Mechanism(
     name="mqa",
     family="softmax",
     description="multi-query attention: one K/V head shared by all query heads",
-    source="Shazeer 2019; seed 002 (FlashAttention-2 MQA/GQA)",
+    sources=(sources.SHAZEER_2019, sources.DAO_2023),
     paths=PATHS,
     adapt_shape=lambda shape, params: replace(shape, kv_heads=1),
     check_inputs=lambda q, k, v, params: (
@@ -74,7 +75,7 @@ GQA = Mechanism(
     name="gqa",
     family="softmax",
     description="grouped-query attention: kv_heads K/V heads, each shared by heads/kv_heads",
-    source="Ainslie et al. 2023; seed 002 (FlashAttention-2 MQA/GQA)",
+    sources=(sources.AINSLIE_2023, sources.DAO_2023),
     params=(positive_int("kv_heads", 2, "number of K/V heads; must divide the query heads"),),
     paths=PATHS,
     adapt_shape=_gqa_shape,

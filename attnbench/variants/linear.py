@@ -1,4 +1,4 @@
-"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"; seed 000).
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"; Su 2022).
 
     O_t = phi(Q_t) (sum_t' phi(K_t')^T V_t') / (phi(Q_t) sum_t' phi(K_t')^T + eps)
 
@@ -14,7 +14,7 @@ Paths (all compute the same function):
 * ``chunkwise`` (default): bidirectional, ``phi(K)^T V`` once (O(T d^2)). Causal, chunks of
   ``chunk`` positions: inside a chunk densely (``chunk x chunk``), across chunks through an
   exclusive cumulative sum of the per-chunk states ``phi(K_c)^T V_c``, so memory is
-  O(T chunk + T d^2 / chunk), never the T d^2 of one state per position (the seed's b*n*s^2).
+  O(T chunk + T d^2 / chunk), never the T d^2 of one state per position (Su 2022's b*n*s^2).
 * ``recurrent``: the RNN view, a Python loop over positions, ``S_t = S_{t-1} + phi(K_t)^T V_t``,
   ``O_t = phi(Q_t) S_t`` (bidirectional: every query reads the final state). O(d^2) state;
   autograd keeps one state per step for backward.
@@ -40,8 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.kernels import triton_ops
-from attnbench.spec import Mechanism, Param, Path, Shape, positive_int
+from attnbench.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.accumulate import float32_sums
 
 FEATURE_MAPS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -207,7 +208,7 @@ MECHANISM = Mechanism(
     name="linear",
     family="linear",
     description="linear attention phi(Q)(phi(K)^T V), normalised, phi = elu + 1",
-    source="Katharopoulos et al. 2020 (Transformers are RNNs); seed 000",
+    sources=(sources.KATHAROPOULOS_2020, sources.SU_2022_FLASH),
     params=(
         Param(
             "feature_map",
@@ -226,15 +227,15 @@ MECHANISM = Mechanism(
         positive_int("chunk", 64, "positions per chunk of the causal chunkwise path"),
     ),
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2)"),
+        PathSpec(
             "chunkwise",
             "efficient",
             chunkwise,
             memory="O(n d^2 / chunk + n chunk)",
             note="causal: dense inside chunks, exclusive prefix sum of chunk states across",
         ),
-        Path(
+        PathSpec(
             "recurrent",
             "efficient",
             recurrent,

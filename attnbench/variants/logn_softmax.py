@@ -1,4 +1,4 @@
-"""Attention-E: softmax(log_b(n) / sqrt(d) * Q K^T) V, entropy-invariant scaling (seed 003).
+"""Attention-E: softmax(log_b(n) / sqrt(d) * Q K^T) V, entropy-invariant scaling (Su 2021).
 
 n is the number of keys a query really attends to: the sequence length when bidirectional, i + 1
 for the i-th query when causal, so the factor is per row. Keeping the entropy of each attention
@@ -21,9 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.kernels.flex import ScoreMod, flex_fused
 from attnbench.kernels.sdpa import backend_paths, sdpa_with_backend
-from attnbench.spec import Mechanism, Param, Path
+from attnbench.spec import Mechanism, Param, PathSpec
 from attnbench.variants.dense import causal_mask, keys_seen, softmax_attention
 
 
@@ -95,7 +96,7 @@ PARAMS = (
     Param(
         "base",
         512.0,
-        "log base b: 512 (the seed), e (natural log), or a training length L",
+        "log base b: 512 (Su 2021), e (natural log), or a training length L",
         accepted="a number > 1, or e",
         valid=lambda b: b > 1,
         parse=parse_base,
@@ -115,12 +116,12 @@ MECHANISM = Mechanism(
     name="softmax-logn",
     family="softmax",
     description="Attention-E: softmax(log_b(n)/sqrt(d) QK^T)V, n = keys each query sees",
-    source="seed 003 (entropy-invariant scaling); Chiang & Cholak 2022 (natural log)",
+    sources=(sources.SU_2021_ENTROPY, sources.CHIANG_CHOLAK_2022),
     aliases=("attention-e",),
     params=PARAMS,
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             sdpa,

@@ -1,12 +1,13 @@
-"""Attention-O: softmax(Q K^T / sqrt(d)) V (Vaswani et al., 2017; seed 003's baseline)."""
+"""Attention-O: softmax(Q K^T / sqrt(d)) V (Vaswani et al., 2017; Su 2021's baseline)."""
 
 from __future__ import annotations
 
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.kernels.sdpa import backend_path, backend_paths
-from attnbench.spec import Mechanism, Path
+from attnbench.spec import Mechanism, PathSpec
 from attnbench.variants.dense import causal_mask, softmax_attention
 
 
@@ -25,11 +26,11 @@ MECHANISM = Mechanism(
     name="softmax",
     family="softmax",
     description="Attention-O: softmax(QK^T/sqrt(d))V, the standard dense attention",
-    source="Vaswani et al. 2017; seed 003 (Attention-O)",
+    sources=(sources.VASWANI_2017, sources.SU_2021_ENTROPY),
     aliases=("attention-o",),
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             sdpa,

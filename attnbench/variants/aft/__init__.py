@@ -1,4 +1,4 @@
-"""The Attention Free Transformer family (Zhai et al. 2021; seed 001): aft-full, aft-local,
+"""The Attention Free Transformer family (Zhai et al. 2021): aft-full, aft-local,
 aft-simple, aft-conv. One module per mechanism; ``dense`` is the shared oracle, ``softmax_sums``
 the exactly stabilised partial sums the efficient paths build on, ``layer`` the token mixer."""
 

@@ -1,5 +1,5 @@
-"""AFT-conv: a per-head 1-D kernel as the bias, computed by convolution (Zhai et al. 2021; seed
-001). For head i with kernel w^i of size s::
+"""AFT-conv: a per-head 1-D kernel as the bias, computed by convolution (Zhai et al.
+2021). For head i with kernel w^i of size s::
 
     Y[t] = sigmoid(Q[t]) * [conv1d(e^K * V, e^{w^i} - 1) + sum_t' e^{K[t']} V[t']]
                          / [conv1d(e^K,     e^{w^i} - 1) + sum_t' e^{K[t']}]
@@ -15,8 +15,17 @@ forms (the paper gives K one scalar per head to save parameters; tying K across 
 features in the projection recovers it). The paper defines AFT-conv for images (non-causal) and
 has no causal form, so ``causal=True`` is an error.
 
-Stabilisation is exact: a per-feature maximum of K is subtracted from every exponent and cancels;
-every row sees every key, so the denominator stays >= e^{min(w, 0)} at K's maximum.
+Stabilisation is exact: a per-feature maximum of K and a per-head maximum of the bias (over the
+taps that meet a key at this length, and 0 when some row has keys outside the kernel) are
+subtracted from every exponent, so every factor is <= 1 and the common factor cancels. That
+stabiliser is separable, an upper bound of each (row, feature)'s joint maximum of bias + K that
+can miss it by up to the bias's span (a large negative beta, or gamma spreading the taps): in
+float16 the denominators underflowed to 0 (0/0, issue 11) and in float32 lost digits (3 % off
+at beta = -100, T = 7, where every key is inside the kernel). So the sums are taken in float32 for
+half inputs and certified as in aft-full (:mod:`~attnbench.variants.aft.softmax_sums`): a
+denominator below ``underflow_threshold(T)`` has its (row, feature) taken from the same sums in
+float64, and if it fails there too, recomputed densely over all T keys with its exact maximum;
+neither happens for ordinary inputs.
 """
 
 from __future__ import annotations
@@ -28,11 +37,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.errors import AttnbenchError
-from attnbench.spec import ExtraInput, Mechanism, Path, Shape, positive_int
+from attnbench.spec import ExtraInput, Mechanism, PathSpec, Shape, positive_int
 from attnbench.variants.aft.common import check_elementwise
 from attnbench.variants.aft.dense import aft_dense, kernel_to_dense
 from attnbench.variants.aft.layer import aft_layer, same_at_every_length
+from attnbench.variants.aft.softmax_sums import (
+    accumulation_dtype,
+    certified_average,
+    exact_average,
+)
 
 VAR_EPS = 1e-5
 NO_CAUSAL = "aft-conv has no causal form (the paper defines it for images); use aft-local"
@@ -74,27 +89,66 @@ def conv(
     gamma: Tensor,
     beta: Tensor,
 ) -> Tensor:
-    """The seed's formula with a depthwise ``F.conv1d``. q, k, v: [B, H, T, D] -> [B, H, T, D].
+    """The formula of Zhai et al. 2021 with a depthwise ``F.conv1d``.
+    q, k, v: [B, H, T, D] -> [B, H, T, D].
 
-    Written as ``conv1d(x, e^w) + (keys outside the kernel's reach)``, which is the seed's
+    Written as ``conv1d(x, e^w) + (keys outside the kernel's reach)``, which is the paper's
     ``conv1d(x, e^w - 1) + sum_t' x`` with the window's unit terms moved out of the global sum:
     the outside keys come from prefix and suffix cumulative sums, so nothing is subtracted (the
-    seed's form cancels when e^w << 1 where the mass is, e.g. 30 ulps of error on dK at T = 1).
+    paper's form cancels when e^w << 1 where the mass is, e.g. 30 ulps of error on dK at T = 1).
     """
     if causal:
         raise AttnbenchError(NO_CAUSAL)
     b, h, t, d = q.shape
+    acc = accumulation_dtype(q.dtype)
     left, right = (s - 1) // 2, s - 1 - (s - 1) // 2  # the kernel reaches t - left .. t + right
-    taps = torch.exp(effective_kernel(kernel, gamma, beta))  # (H, s)
+    eff = effective_kernel(kernel.to(acc), gamma.to(acc), beta.to(acc))  # (H, s)
+    kf, vf = k.to(acc), v.to(acc)
+
+    def sums(dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        return _conv_sums(eff.to(dtype), kf.to(dtype), vf.to(dtype), left, right)
+
+    by_feature: list[Tensor] = []  # K and V as [B, H, D, T], made contiguous once if needed
+
+    def exact(bi: Tensor, hi: Tensor, ti: Tensor, di: Tensor) -> Tensor:
+        """Entries (b, h, t, d) densely over all T keys, each with its exact maximum."""
+        if not by_feature:
+            by_feature.extend(x.transpose(-2, -1).contiguous() for x in (kf, vf))
+        kt, vt = by_feature
+        j = torch.arange(t, device=eff.device)[None, :] - ti[:, None] + left  # (n, T): tap
+        inside_kernel = (j >= 0) & (j < s)
+        bias = eff[hi].gather(1, j.clamp(0, s - 1)).masked_fill(~inside_kernel, 0.0)  # (n, T)
+        return exact_average(bias + kt[bi, hi, di], vt[bi, hi, di])
+
+    avg = certified_average(sums, acc, t, exact, piece=max(t, b * h * d))  # (B, H, T, D)
+    return (torch.sigmoid(q.to(acc)) * avg).to(q.dtype)
+
+
+def _conv_sums(
+    eff: Tensor, k: Tensor, v: Tensor, left: int, right: int
+) -> tuple[Tensor, Tensor]:
+    """Stabilised numerator and denominator, each [B, H, T, D], scaled by the common factor
+    e^{-(cap[h] + max K[:, f])}. eff [H, s] (effective kernel), k, v [B, H, T, D]."""
+    b, h, t, d = k.shape
+    s = eff.shape[-1]
+    used = (torch.arange(s, device=eff.device) - left).abs() <= t - 1  # taps that meet a key
+    cap = eff.detach().masked_fill(~used, float("-inf")).amax(-1)  # (H,)
+    if t - 1 > left:  # some row has keys outside the kernel: bias 0
+        cap = cap.clamp(min=0.0)
+    taps = torch.exp((eff - cap[:, None]).masked_fill(~used, float("-inf")))  # (H, s), <= 1
+    outside = torch.exp(-cap)[None, :, None, None]  # (1, H, 1, 1): e^{0 - cap}, <= 1
     ek = torch.exp(k - k.detach().amax(-2, keepdim=True))  # (B, H, T, D), feature max 1
-    x = torch.cat((ek * v, ek), dim=-1).transpose(-2, -1).reshape(b, h * 2 * d, t)  # (B, 2HD, T)
+    x = torch.cat((ek * v, ek), dim=-1).transpose(-2, -1).reshape(b, h * 2 * d, t)  # (B,2HD,T)
     weight = taps.repeat_interleave(2 * d, dim=0)[:, None, :]  # (H*2D, 1, s)
     inside = F.conv1d(F.pad(x, (left, right)), weight, groups=h * 2 * d)  # (B, 2HD, T)
     before = F.pad(x.cumsum(-1), (left + 1, 0))[..., :t]  # keys t' < t - left
     after = F.pad(x.flip(-1).cumsum(-1).flip(-1), (0, right + 1))[..., right + 1 :]  # t' > t+right
-    num_den = (inside + before + after).reshape(b, h, 2 * d, t).transpose(-2, -1)  # (B,H,T,2D)
-    num, den = num_den.split(d, dim=-1)
-    return torch.sigmoid(q) * num / den
+
+    def split(y: Tensor) -> tuple[Tensor, Tensor]:  # (B, 2HD, T) -> 2 x (B, H, T, D)
+        return y.reshape(b, h, 2 * d, t).transpose(-2, -1).split(d, dim=-1)
+
+    (num_in, den_in), (num_out, den_out) = split(inside), split(before + after)
+    return num_in + outside * num_out, den_in + outside * den_out
 
 
 def flops(shape: Shape, causal: bool, params: Mapping[str, Any]) -> int:
@@ -118,7 +172,7 @@ MECHANISM = Mechanism(
     name="aft-conv",
     family="aft",
     description="AFT with a per-head 1-D kernel bias (gamma/beta reparameterised), via conv1d",
-    source="Zhai et al. 2021 (AFT-conv); seed 001",
+    sources=(sources.ZHAI_2021,),
     params=(positive_int("s", 7, "kernel size (centred: offsets -(s-1)//2 .. s//2)"),),
     extra_inputs=(
         ExtraInput("kernel", "raw kernel per head [H, s]", lambda sh, p: (sh.heads, p["s"])),
@@ -126,8 +180,8 @@ MECHANISM = Mechanism(
         ExtraInput("beta", "kernel bias per head [H] (0 at init)", lambda sh, p: (sh.heads,)),
     ),
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2 d)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2 d)"),
+        PathSpec(
             "efficient",
             "efficient",
             conv,

@@ -1,6 +1,6 @@
 """The AFT formula evaluated literally: the dense oracle every AFT path is tested against.
 
-Seed 001 (Zhai et al. 2021, "An Attention Free Transformer"), per feature f::
+Zhai et al. 2021 ("An Attention Free Transformer"), per feature f::
 
     Y[t, f] = sigmoid(Q[t, f]) * sum_t' softmax_t'(w[t, t'] + K[t', f]) * V[t', f]
 

@@ -1,4 +1,4 @@
-"""AFT-full: a learned T x T pair-wise bias (Zhai et al. 2021; seed 001).
+"""AFT-full: a learned T x T pair-wise bias (Zhai et al. 2021).
 
     Y[t] = sigmoid(Q[t]) * sum_t' exp(K[t'] + w[t, t']) * V[t'] / sum_t' exp(K[t'] + w[t, t'])
 
@@ -10,8 +10,22 @@ with T*T*d work and no T*T*d tensor. They are stabilised exactly: a per-query-ro
 and a per-feature maximum of K are subtracted, ``e^{w - mw[t]} e^{K - mk[f]}``; the common factor
 ``e^{mw[t] + mk[f]}`` cancels between numerator and denominator. (labml's AFT subtracts a per-key
 maximum instead, which does not cancel when biases are non-zero: up to 0.73 off with random
-biases, FIELD-NOTES.) The denominator stays >= e^{w[t, b] - mw[t]} where b holds K's maximum, so
-it cannot underflow unless w itself spans ~80 (fp32).
+biases.)
+
+That stabiliser is an upper bound of the joint maximum ``max_t' w[t, t'] + K[t', f]`` of each
+(row, feature), not the maximum itself, and no choice of per-row, per-feature and per-key shifts
+can be (:mod:`~attnbench.variants.aft.softmax_sums` gives a two-key counterexample): the gap is
+at most ``min(span of w over row t, span of K over feature f)``, so with K and w of standard
+deviation 5 in float16 (T = 129), or spans beyond ~100 in float32, every term of some (row,
+feature) underflowed and the division was 0/0 (issue 11). The sums are therefore taken in float32
+for half inputs and *certified*: a denominator >= ``underflow_threshold(T)`` (T (2 + 2 log2 T)
+tiny / eps: e^-61 for float32 at T = 1000) is provably within eps of exact and non-zero. If some
+(row, feature) is below it, the same products are taken once more in float64 (threshold e^-660)
+for those entries, and any still below are recomputed densely over the keys their row sees,
+each with its exact maximum (denominator >= 1), in pieces of at most max(T, B*H*D) entries
+(O(T^2 + T d) memory). Unit-scale inputs never leave the float32 products; K and w of standard
+deviation 20 at T = 1024 send ~2 % of the entries to the float64 products (about 2x the time on
+CPU), and none goes dense short of logit spans near 700.
 
 Causal (the paper's autoregressive form masks w: t' <= t): a single per-feature maximum of K
 would be taken over keys that early rows cannot see and underflow them (K x 50: ~60 % of the
@@ -20,9 +34,12 @@ rows/keys [a, b) is its two half-squares on the diagonal (recursed) plus the rec
 [mid, b) x keys [a, mid), which every one of those rows sees entirely and which is therefore two
 stabilised products as above, merged exactly into the lower half-square's partial sums.
 Squares of at most ``chunk`` rows are computed densely (``chunk x chunk x d``, each row with
-its own maximum). Work: the T^2/2 visible pairs in matrix products plus O(T d log T + T chunk d)
-elementwise; memory O(T^2 + T d log T + T chunk d). Sub-blocks are taken with ``split``, so
-backward costs O(size) per level rather than a full-size zero-fill per slice.
+its own maximum). The merged sums are certified as above (the merges only scale by factors
+<= 1, which the threshold accounts for), the rare failures redone in float64 and then densely
+over keys t' <= t. Work:
+the T^2/2 visible pairs in matrix products plus O(T d log T + T chunk d) elementwise; memory
+O(T^2 + T d log T + T chunk d). Sub-blocks are taken with ``split``, so backward costs O(size)
+per level rather than a full-size zero-fill per slice.
 """
 
 from __future__ import annotations
@@ -34,11 +51,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench.spec import ExtraInput, Mechanism, Param, Path, Shape, positive_int
+from attnbench import sources
+from attnbench.spec import ExtraInput, Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.aft.common import as_features, check_elementwise, from_features
 from attnbench.variants.aft.dense import aft_dense
 from attnbench.variants.aft.layer import aft_layer
-from attnbench.variants.aft.softmax_sums import Partial, average, dense, merge
+from attnbench.variants.aft.softmax_sums import (
+    Partial,
+    accumulation_dtype,
+    certified_average,
+    dense,
+    exact_average,
+    merge,
+)
 
 
 def bias_of(factorized: bool, w: Tensor | None, w_u: Tensor | None, w_v: Tensor | None) -> Tensor:
@@ -63,13 +88,26 @@ def reference(
     return aft_dense(q, k, v, bias_of(factorized, w, w_u, w_v), causal=causal)
 
 
-def _all_keys(w: Tensor, kf: Tensor, vf: Tensor) -> Tensor:
-    """Weighted averages when every row sees every key. w [T, T], kf, vf [T, F] -> [T, F]."""
+def _all_keys(w: Tensor, kf: Tensor, vf: Tensor) -> tuple[Tensor, Tensor]:
+    """Stabilised sums when every row sees every key. w [T, T], kf, vf [T, F] -> (num, den),
+    each [T, F], both scaled by the same e^{-(mw[t] + mk[f])}."""
     ew = torch.exp(w - w.detach().amax(-1, keepdim=True))  # (T, T), each row's max is 1
     ek = torch.exp(kf - kf.detach().amax(0, keepdim=True))  # (T, F), each feature's max is 1
     num_den = ew @ torch.cat((ek * vf, ek), dim=-1)  # (T, 2F)
     num, den = num_den.chunk(2, dim=-1)
-    return num / den
+    return num, den
+
+
+def _exact_entries(
+    w: Tensor, kt: Tensor, vt: Tensor, causal: bool, rows: Tensor, feats: Tensor
+) -> Tensor:
+    """The average of (row, feature) entries computed densely with each one's exact maximum.
+    w [T, T], kt, vt [F, T] (features x keys); rows, feats [n] -> [n]."""
+    logits = w[rows] + kt[feats]  # (n, T)
+    if causal:
+        keys = torch.arange(w.shape[1], device=w.device)
+        logits = logits.masked_fill(keys[None, :] > rows[:, None], float("-inf"))
+    return exact_average(logits, vt[feats])
 
 
 def _triangle(w: Tensor, kf: Tensor, vf: Tensor, leaf: int) -> Partial:
@@ -110,11 +148,27 @@ def efficient(
     w_u: Tensor | None = None,
     w_v: Tensor | None = None,
 ) -> Tensor:
-    """Two stabilised matrix products (blocked when causal). q, k, v: [B, H, T, D]."""
-    bias = bias_of(factorized, w, w_u, w_v)  # (T, T)
-    kf, vf = as_features(k), as_features(v)  # (T, F), F = B*H*D
-    avg = average(_triangle(bias, kf, vf, chunk)) if causal else _all_keys(bias, kf, vf)
-    return torch.sigmoid(q) * from_features(avg, q)
+    """Two stabilised matrix products (blocked when causal), certified against underflow (see
+    the module docstring). q, k, v: [B, H, T, D]."""
+    acc = accumulation_dtype(q.dtype)
+    up = {n: x.to(acc) if x is not None else None for n, x in (("w", w), ("u", w_u), ("v", w_v))}
+    bias = bias_of(factorized, up["w"], up["u"], up["v"])  # (T, T)
+    kf, vf = as_features(k).to(acc), as_features(v).to(acc)  # (T, F), F = B*H*D
+    t, f = kf.shape
+
+    def sums(dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        w_, k_, v_ = bias.to(dtype), kf.to(dtype), vf.to(dtype)
+        return _triangle(w_, k_, v_, chunk)[1:] if causal else _all_keys(w_, k_, v_)
+
+    by_feature: list[Tensor] = []  # K^T and V^T, made contiguous once if needed
+
+    def exact(rows: Tensor, feats: Tensor) -> Tensor:
+        if not by_feature:
+            by_feature.extend((kf.t().contiguous(), vf.t().contiguous()))
+        return _exact_entries(bias, *by_feature, causal, rows, feats)
+
+    avg = certified_average(sums, acc, t, exact, piece=max(t, f))  # (T, F)
+    return (torch.sigmoid(q.to(acc)) * from_features(avg, q)).to(q.dtype)
 
 
 def _causal_terms(n: int, leaf: int) -> int:
@@ -161,7 +215,7 @@ MECHANISM = Mechanism(
     name="aft-full",
     family="aft",
     description="AFT: sigmoid(Q) * elementwise softmax over keys of K + w[t, t'], times V",
-    source="Zhai et al. 2021 (AFT); seed 001",
+    sources=(sources.ZHAI_2021, sources.LABML_AFT),
     params=(
         Param(
             "factorized",
@@ -194,14 +248,15 @@ MECHANISM = Mechanism(
         ),
     ),
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2 d)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2 d)"),
+        PathSpec(
             "efficient",
             "efficient",
             efficient,
             memory="O(n^2 + n d); causal O(n^2 + n d log n + n chunk d)",
-            note="exp(w) @ [exp(K) V, exp(K)] with exact row/feature maxima; causal: recursive "
-            "halving of the triangle into such products, dense squares of `chunk` rows",
+            note="exp(w) @ [exp(K) V, exp(K)] with exact row/feature maxima, sums certified "
+            "against underflow (failures recomputed densely); causal: recursive halving of the "
+            "triangle into such products, dense squares of `chunk` rows",
         ),
     ),
     check_inputs=check_elementwise,

@@ -22,6 +22,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from attnbench.building_blocks import DeviceCheck
 from attnbench.errors import AttnbenchError
 from attnbench.spec import Mechanism
 
@@ -49,10 +50,8 @@ class AFTLayer(nn.Module):
     ):
         super().__init__()
         mech = mechanism
-        if causal and not mech.causal:
-            raise AttnbenchError(f"{mech.name} has no causal form; use causal=False")
-        if not causal and not mech.bidirectional:
-            raise AttnbenchError(f"{mech.name} is causal only")
+        self.path = mech.require(path, device=None, causal=causal)
+        self.device_check = DeviceCheck(mech, self.path)
         if d_model % heads:
             raise AttnbenchError(f"d_model={d_model} is not divisible by heads={heads}")
         if max_len < 1:
@@ -60,7 +59,6 @@ class AFTLayer(nn.Module):
         self.mech, self.causal, self.max_len = mech, causal, max_len
         self.heads, self.head_dim = heads, d_model // heads
         self.params = mech.resolve(params)
-        self.path = mech.path(path) if path else mech.default_path
         self.rope = None  # AFT has no q.k product to rotate
         self.wq = nn.Linear(d_model, d_model, bias=False)
         self.wk = nn.Linear(d_model, d_model, bias=False)
@@ -76,12 +74,13 @@ class AFTLayer(nn.Module):
         return self._at_length(dict(self.bias), t, self.max_len, self.params)
 
     def forward(self, x: Tensor) -> Tensor:
+        self.device_check(x)
         b, t, _ = x.shape
         shape = (b, t, self.heads, self.head_dim)
         q = self.wq(x).view(shape).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(shape).transpose(1, 2)  # (B, H, T, D)
         v = self.wv(x).view(shape).transpose(1, 2)  # (B, H, T, D)
-        o = self.path.fn(q, k, v, causal=self.causal, **self.params, **self.extras(t))
+        o = self.path(q, k, v, causal=self.causal, **self.params, **self.extras(t))
         return self.wo(o.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 

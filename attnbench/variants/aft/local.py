@@ -1,4 +1,4 @@
-"""AFT-local: the learned bias kept only near the diagonal (Zhai et al. 2021; seed 001).
+"""AFT-local: the learned bias kept only near the diagonal (Zhai et al. 2021).
 
     w_local[t, t'] = w[t, t'] if |t - t'| < s else 0
 
@@ -13,7 +13,11 @@ use only the columns j <= s - 1 (t' <= t).
 Efficient path: the window densely (``[B, H, T, D, 2s - 1]`` logits, each row stabilised by its
 own maximum), plus the keys outside it, t' <= t - s and t' >= t + s, from prefix and suffix sums
 (:mod:`attnbench.variants.aft.softmax_sums`, exact per-row stabilisation): O(T s d) time and
-memory, never T x T.
+memory, never T x T. Every partial sum is stabilised by an actual maximum of its own logits (the
+window's per-row maximum, the scans' running maxima), so each denominator is >= 1 and no input
+can make it 0/0; half inputs are summed in float32 and the output cast back (in float16 the
+window's logits w + K would otherwise be rounded to 11 bits, 9x the float64 oracle's error with
+K and w of standard deviation 20).
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench.spec import ExtraInput, Mechanism, Path, Shape, positive_int
+from attnbench import sources
+from attnbench.spec import ExtraInput, Mechanism, PathSpec, Shape, positive_int
 from attnbench.variants.aft.common import check_elementwise
 from attnbench.variants.aft.dense import aft_dense, band_to_dense
 from attnbench.variants.aft.layer import aft_layer
 from attnbench.variants.aft.softmax_sums import (
+    accumulation_dtype,
     average,
     dense,
     leaves,
@@ -49,6 +55,8 @@ def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, s: int, w: Tenso
 def banded(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, s: int, w: Tensor) -> Tensor:
     """Window densely, the rest by prefix/suffix sums. q, k, v: [B, H, T, D] -> [B, H, T, D]."""
     t = q.shape[-2]
+    acc = accumulation_dtype(q.dtype)
+    k, v, w = k.to(acc), v.to(acc), w.to(acc)
     se = min(s, t)  # keys farther than T - 1 do not exist
     lo, hi = se - 1, 0 if causal else se - 1  # window offsets t' - t in -lo..hi
     width = lo + hi + 1
@@ -62,7 +70,7 @@ def banded(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, s: int, w: Tensor) 
         part = merge(part, shift(prefix_scan(one), se))  # keys t' <= t - s
         if not causal:
             part = merge(part, shift(suffix_scan(one), -se))  # keys t' >= t + s
-    return torch.sigmoid(q) * average(part)
+    return (torch.sigmoid(q.to(acc)) * average(part)).to(q.dtype)
 
 
 def flops(shape: Shape, causal: bool, params: Mapping[str, Any]) -> int:
@@ -96,7 +104,7 @@ MECHANISM = Mechanism(
     name="aft-local",
     family="aft",
     description="AFT with the learned bias kept only where |t - t'| < s (global connectivity kept)",
-    source="Zhai et al. 2021 (AFT-local); seed 001",
+    sources=(sources.ZHAI_2021,),
     params=(positive_int("s", 32, "window: the bias is kept where |t - t'| < s"),),
     extra_inputs=(
         ExtraInput(
@@ -106,8 +114,8 @@ MECHANISM = Mechanism(
         ),
     ),
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2 d)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2 d)"),
+        PathSpec(
             "efficient",
             "efficient",
             banded,

@@ -1,10 +1,12 @@
-"""AFT-simple: no position bias (Zhai et al. 2021; seed 001).
+"""AFT-simple: no position bias (Zhai et al. 2021).
 
     Y[t] = sigmoid(Q[t]) * sum_t' softmax(K, over t')[t'] * V[t']
 
 Bidirectional, the sum is one pooled vector per (batch, head, feature) shared by every query:
 O(T d). Causal (t' <= t), it is a prefix sum, computed by the exactly stabilised tree scan of
 :mod:`attnbench.variants.aft.softmax_sums` (each row's own running maximum, no loop over T).
+Both stabilise by actual maxima of K, so every denominator is >= 1 (no 0/0 for any finite input);
+half inputs are summed in float32 and the output cast back.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnbench.spec import Mechanism, Path, Shape
+from attnbench import sources
+from attnbench.spec import Mechanism, PathSpec, Shape
 from attnbench.variants.aft.common import check_elementwise
 from attnbench.variants.aft.dense import aft_dense
 from attnbench.variants.aft.layer import aft_layer, no_bias, same_at_every_length
-from attnbench.variants.aft.softmax_sums import average, leaves, prefix_scan
+from attnbench.variants.aft.softmax_sums import accumulation_dtype, average, leaves, prefix_scan
 
 
 def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
@@ -30,11 +33,13 @@ def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
 
 def pooled(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
     """Global (or prefix) softmax pooling. q, k, v: [B, H, T, D] -> [B, H, T, D]."""
+    acc = accumulation_dtype(q.dtype)
+    k, v = k.to(acc), v.to(acc)
     if causal:
         avg = average(prefix_scan(leaves(k, v)))  # (B, H, T, D)
     else:
         avg = (torch.softmax(k, dim=-2) * v).sum(-2, keepdim=True)  # (B, H, 1, D)
-    return torch.sigmoid(q) * avg
+    return (torch.sigmoid(q.to(acc)) * avg).to(q.dtype)
 
 
 def flops(shape: Shape, causal: bool, params: Mapping[str, Any]) -> int:
@@ -46,10 +51,10 @@ MECHANISM = Mechanism(
     name="aft-simple",
     family="aft",
     description="AFT without position bias: sigmoid(Q) * sum softmax_t(K) * V",
-    source="Zhai et al. 2021 (AFT-simple); seed 001",
+    sources=(sources.ZHAI_2021,),
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2 d)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2 d)"),
+        PathSpec(
             "efficient",
             "efficient",
             pooled,

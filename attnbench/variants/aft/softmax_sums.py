@@ -16,9 +16,34 @@ dK at K x 50, measured with ``torch.logcumsumexp``).
 
 :func:`prefix_scan` computes inclusive prefix sums over positions with a tree of merges (depth
 log2 T, O(T F) work and memory, no Python loop over T); :func:`suffix_scan` is its mirror.
+
+Matrix-product paths (aft-full, aft-conv) cannot use the exact maximum of every (row, feature):
+``w[t, t'] + K[t', f]`` has one per pair, and a product shares one stabiliser ``a[t] + b[f]``
+across the whole sum. Any such separable stabiliser can miss the true maximum by an unbounded
+gap: with two keys, ``w = [[0, -L], [-L, 0]]`` and ``K = [[0, -L], [-L, 0]]`` (keys x features),
+the maxima are ``[[0, -L], [-L, 0]]``, and since ``(a0 + b1) + (a1 + b0) = (a0 + b0) + (a1 + b1)
+>= 0`` one of the off-diagonal entries is stabilised at least L above its maximum: its every
+term underflows once L exceeds the exponent range, whatever per-key shifts are added. So such a
+path *certifies* its sums instead (:func:`certified_average`): a denominator at least
+:func:`underflow_threshold` is accurate to ~eps; the (rare) entries below it are taken from the
+same sums in float64 (the same gap then costs nothing until it nears 700), and those that fail
+even there are recomputed densely with their own exact maximum (``den >= 1``). The argument: every term is a product or
+exp of values <= 1 and the partial sums are merged with factors <= 1, so the only error beyond
+ordinary rounding is terms falling below the smallest normal number ``tiny``; each such event
+loses at most ``tiny`` (even with flush-to-zero), there are at most ``T`` terms and ``2 log2 T``
+merge scalings (of sums <= T) per entry, so the loss is at most ``T (2 + 2 log2 T) tiny`` in the
+denominator (times max |V| in the numerator). A denominator >= ``T (2 + 2 log2 T) tiny / eps``
+therefore has relative error <= eps from underflow, and cannot be 0: 0/0 is impossible.
+
+Half inputs (float16, bfloat16) are summed in float32 (:func:`accumulation_dtype`): their own
+exponent range (float16 underflows below e^-17) would make the certificate fail for ordinary
+inputs, and sums of T terms rounded to 8 or 11 bits lose digits the reference keeps.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -101,3 +126,61 @@ def dense(logits: Tensor, v: Tensor, dim: int) -> Partial:
 def average(p: Partial) -> Tensor:
     """num / den: the weighted average of V the partial sums describe."""
     return p[1] / p[2]
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype AFT sums are computed in: float32 for half inputs, the input dtype otherwise."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def underflow_threshold(dtype: torch.dtype, count: int) -> float:
+    """The smallest denominator of ``count`` terms (stabilised to <= 1, merged with factors <= 1)
+    whose loss to underflow is at most eps relative (see the module docstring)."""
+    info = torch.finfo(dtype)
+    merges = 2 + 2 * math.ceil(math.log2(max(count, 1)))
+    return max(count, 1) * merges * info.tiny / info.eps
+
+
+#: Stabilised sums computed in a given dtype: dtype -> (num, den), same shape.
+Sums = Callable[[torch.dtype], tuple[Tensor, Tensor]]
+#: Exact averages of selected entries: index tensors (one per dim of ``den``) -> values [n].
+Exact = Callable[..., Tensor]
+
+
+def certified_average(
+    sums: Sums, dtype: torch.dtype, count: int, exact: Exact, piece: int
+) -> Tensor:
+    """``num / den`` from ``sums(dtype)``, certified against underflow (module docstring).
+
+    Entries whose denominator (a sum of ``count`` terms) is below :func:`underflow_threshold` are
+    taken from ``sums(float64)`` instead, whose exponent range (e^-708) absorbs gaps between the
+    stabiliser and the true maximum some 600 wider; entries that fail even there are replaced,
+    differentiably, by ``exact(*indices)`` (each with its exact maximum), ``piece`` entries at a
+    time. A failing denominator is replaced by 1 before dividing, so neither the output nor a
+    gradient can be 0/0 or inf/inf.
+    """
+    num, den = sums(dtype)
+    bad = den < underflow_threshold(dtype, count)
+    if not bool(bad.any()):
+        return num / den
+    one = torch.ones((), dtype=dtype, device=den.device)
+    avg = num / torch.where(bad, one, den)
+    if dtype != torch.float64:
+        num64, den64 = sums(torch.float64)
+        still = bad & (den64 < underflow_threshold(torch.float64, count))
+        avg64 = num64 / torch.where(still, one.double(), den64)
+        avg, bad = torch.where(bad, avg64.to(dtype), avg), still
+        if not bool(bad.any()):
+            return avg
+    index = bad.nonzero(as_tuple=True)
+    n, piece = index[0].numel(), max(1, piece)
+    values = torch.cat(
+        [exact(*(i[start : start + piece] for i in index)) for start in range(0, n, piece)]
+    )
+    return avg.index_put(index, values.to(dtype))
+
+
+def exact_average(logits: Tensor, v: Tensor) -> Tensor:
+    """Each row's weighted average with its own exact maximum: logits, v ``[n, T]`` (masked
+    logits -inf) -> ``[n]``."""
+    return average(dense(logits, v, dim=-1))

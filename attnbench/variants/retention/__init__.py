@@ -1,4 +1,4 @@
-"""RetNet retention (Sun et al. 2023, "Retentive Network"; seed 002).
+"""RetNet retention (Sun et al. 2023, "Retentive Network").
 
 Three forms of one function, each a path: ``parallel`` (the dense reference, (Q K^T * D) V),
 ``chunkwise`` (the default: parallel inside chunks, recurrent across) and ``recurrent`` (one
@@ -6,9 +6,9 @@ position at a time), plus ``triton`` (fused, CUDA: the Triton chunkwise kernel, 
 normalisations). Multi-scale decays gamma_h = 1 - 2^(-5 - h) per head; Q K^T is scaled by
 1/sqrt(d) in every form, as both torchscale and fla do.
 
-``normalize`` names where the implementations people use differ (FIELD-NOTES):
+``normalize`` names where the implementations people use differ:
 
-* ``none`` (default): the seed's formula, fla's naive retention.
+* ``none`` (default): the unnormalised formula, fla's naive retention.
 * ``rownorm``: the RetNet paper's normalisation, as torchscale's parallel form: decay rows divided
   by the square root of their sum, scores by max(|row sum|, 1). torchscale's code divides by the
   sum of absolute values sum_m |R[n, m]| and detaches it; that sum has no recurrent or chunkwise
@@ -18,7 +18,7 @@ normalisations). Multi-scale decays gamma_h = 1 - 2^(-5 - h) per head; Q K^T is 
 
 Retention is causal only (``bidirectional=False``): the decay gamma^(n - m) is defined for
 n >= m, and the recurrent form is the point of RetNet. Bidirectional variants with gamma^|n - m|
-(RMT, ViR) are other mechanisms, not in the seed.
+(RMT, ViR) are other mechanisms, not covered here.
 
 FLOPs (``Mechanism.flops``) are those of the default chunkwise path's matrix products, as
 ``torch.utils.flop_counter.FlopCounterMode`` counts them (the ones column of ``rownorm`` and the
@@ -31,8 +31,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from attnbench import sources
 from attnbench.kernels.triton_ops import fused_path
-from attnbench.spec import Mechanism, Param, Path, Shape, positive_int
+from attnbench.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.retention.chunkwise import chunkwise
 from attnbench.variants.retention.decay import NORMALIZATIONS
 from attnbench.variants.retention.fused import triton
@@ -56,26 +57,26 @@ MECHANISM = Mechanism(
     name="retention",
     family="retnet",
     description="RetNet retention (QK^T * D)V, multi-scale decays; parallel, chunkwise, recurrent",
-    source="Sun et al. 2023 (RetNet); seed 002",
+    sources=(sources.SUN_2023,),
     params=(
         Param(
             "normalize",
             "none",
-            "none: the seed's formula (fla); rownorm: the paper's decay and score normalisation",
+            "none: unnormalised (fla); rownorm: the paper's decay and score normalisation",
             choices=NORMALIZATIONS,
         ),
         positive_int("chunk", 64, "positions per chunk of the chunkwise path"),
     ),
     paths=(
-        Path("parallel", "reference", parallel, memory="O(n^2)", note="the parallel form"),
-        Path(
+        PathSpec("parallel", "reference", parallel, memory="O(n^2)", note="the parallel form"),
+        PathSpec(
             "chunkwise",
             "efficient",
             chunkwise,
             memory="O(n chunk + n d^2 / chunk)",
             note="inner-chunk parallel, cross-chunk recurrent (loop over chunks)",
         ),
-        Path(
+        PathSpec(
             "recurrent",
             "efficient",
             recurrent,

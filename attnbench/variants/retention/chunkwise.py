@@ -1,4 +1,5 @@
-"""RetNet's chunkwise form (seed 002): parallel inside chunks of B positions, recurrent across.
+"""RetNet's chunkwise form (Sun et al. 2023): parallel inside chunks of B positions, recurrent
+across.
 
 For chunk i (positions iB .. iB + B - 1, local index a for queries and j for keys)::
 
@@ -6,10 +7,10 @@ For chunk i (positions iB .. iB + B - 1, local index a for queries and j for key
     O_[i] = (Q_[i] K_[i]^T / sqrt(d) * D_local) V_[i]  +  (Q_[i] / sqrt(d) * xi) R_{i-1},
                                                            xi_a = gamma^(a + 1)
 
-The seed writes R_i = K_[i]^T V_[i] + gamma^B R_{i-1}; the paper's zeta (each key decayed to
-the chunk's end) is needed for the three forms to agree, and is used here. A last partial chunk
-is zero-padded (zero keys add nothing; padded queries are cut off). The recurrence over chunks is
-a Python loop of T / B steps; memory O(T B + T d^2 / B).
+Without the paper's zeta (each key decayed to the chunk's end) the recurrence would read
+R_i = K_[i]^T V_[i] + gamma^B R_{i-1}; zeta is needed for the three forms to agree, and is used
+here. A last partial chunk is zero-padded (zero keys add nothing; padded queries are cut off).
+The recurrence over chunks is a Python loop of T / B steps; memory O(T B + T d^2 / B).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """RetNet's per-head decays and the pieces every efficient form shares.
 
-Multi-scale decays (Sun et al. 2023; seed 002): head h of H has gamma_h = 1 - 2^(-5 - h), so
+Multi-scale decays (Sun et al. 2023): head h of H has gamma_h = 1 - 2^(-5 - h), so
 head 0 forgets fastest (gamma = 0.96875) and each further head halves 1 - gamma. Computed in
 float64 (``log1p``) and cast where used; note that in float16 gamma rounds to 1 from head 7 on
 (1 - 2^-12 is not representable), in bfloat16 from head 4 on.

@@ -19,9 +19,9 @@ from attnbench.kernels import triton_ops
 from attnbench.variants.retention.decay import log_gammas, require_causal
 
 
-def triton(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str, chunk: int) -> Tensor:
-    """Retention on the Triton chunkwise kernel, forward and backward. ``chunk`` does not apply
-    (the kernel has its own tile). q, k: [B, H, T, D], v: [B, H, T, Dv] (D, Dv <= 128) ->
+def triton(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str) -> Tensor:
+    """Retention on the Triton chunkwise kernel, forward and backward (its own tile, not the
+    ``chunk`` parameter). q, k: [B, H, T, D], v: [B, H, T, Dv] (D, Dv <= 128) ->
     [B, H, T, Dv]."""
     require_causal(causal)
     triton_ops.check_call("retention", q, k, v, max_v=triton_ops.MAX_HEAD_DIM)

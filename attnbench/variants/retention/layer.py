@@ -1,4 +1,4 @@
-"""Gated multi-scale retention, RetNet's token mixer (Sun et al. 2023; seed 002)::
+"""Gated multi-scale retention, RetNet's token mixer (Sun et al. 2023)::
 
     head_h = Retention(X, gamma_h)                      (per-head decay, see decay.py)
     Y      = GroupNorm_H(Concat(head_1, ..., head_H))   (one group per head)
@@ -18,9 +18,9 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnbench.building_blocks import DeviceCheck
 from attnbench.errors import AttnbenchError
 from attnbench.spec import Mechanism
-from attnbench.variants.retention.decay import CAUSAL_ONLY
 
 
 class MultiScaleRetention(nn.Module):
@@ -39,13 +39,12 @@ class MultiScaleRetention(nn.Module):
         max_len: int = 512,
     ):
         super().__init__()
-        if not causal:
-            raise AttnbenchError(CAUSAL_ONLY)
+        self.path = mechanism.require(path, device=None, causal=causal)
+        self.device_check = DeviceCheck(mechanism, self.path)
         if d_model % heads:
             raise AttnbenchError(f"d_model={d_model} is not divisible by heads={heads}")
         self.mech = mechanism
         self.params = mechanism.resolve(params)
-        self.path = mechanism.path(path) if path else mechanism.default_path
         self.heads, self.head_dim = heads, d_model // heads
         self.wq = nn.Linear(d_model, d_model, bias=False)
         self.wk = nn.Linear(d_model, d_model, bias=False)
@@ -56,6 +55,7 @@ class MultiScaleRetention(nn.Module):
         self.rope = rope
 
     def forward(self, x: Tensor) -> Tensor:
+        self.device_check(x)
         b, t, c = x.shape
         shape = (b, t, self.heads, self.head_dim)
         q = self.wq(x).view(shape).transpose(1, 2)  # (B, H, T, D)
@@ -63,6 +63,6 @@ class MultiScaleRetention(nn.Module):
         v = self.wv(x).view(shape).transpose(1, 2)  # (B, H, T, D)
         if self.rope is not None:
             q, k = self.rope(q), self.rope(k)
-        o = self.path.fn(q, k, v, causal=True, **self.params)  # (B, H, T, D)
+        o = self.path(q, k, v, causal=True, **self.params)  # (B, H, T, D)
         y = self.norm(o.transpose(1, 2).reshape(b * t, c)).view(b, t, c)  # GroupNorm per head
         return self.wo(F.silu(self.wg(x)) * y)

@@ -1,4 +1,4 @@
-"""RetNet's parallel form, the dense reference: (Q K^T / sqrt(d) * D) V (seed 002).
+"""RetNet's parallel form, the dense reference: (Q K^T / sqrt(d) * D) V (Sun et al. 2023).
 
 D[n, m] = gamma^(n - m) for n >= m, else 0 (causal masking and decay in one matrix). With
 ``normalize="rownorm"``, the RetNet paper's normalisations: each decay row divided by the square
@@ -16,7 +16,7 @@ from attnbench.variants.retention.decay import log_gammas, require_causal
 
 
 def parallel(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str, chunk: int
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str
 ) -> Tensor:
     """Dense T x T retention. q, k: [B, H, T, D], v: [B, H, T, Dv] -> [B, H, T, Dv]."""
     require_causal(causal)

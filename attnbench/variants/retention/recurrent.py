@@ -1,4 +1,5 @@
-"""RetNet's recurrent form (seed 002): S_n = gamma S_{n-1} + K_n^T V_n, O_n = Q_n S_n / sqrt(d).
+"""RetNet's recurrent form (Sun et al. 2023):
+S_n = gamma S_{n-1} + K_n^T V_n, O_n = Q_n S_n / sqrt(d).
 
 A Python loop over positions with a [D, Dv] state per head: the decoding form, O(d^2) state;
 autograd keeps one state per step for backward.
@@ -17,7 +18,7 @@ from attnbench.variants.retention.decay import finish, log_gammas, require_causa
 
 @float32_sums
 def recurrent(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str, chunk: int
+    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str
 ) -> Tensor:
     """One position at a time. q, k: [B, H, T, D], v: [B, H, T, Dv] -> [B, H, T, Dv]."""
     require_causal(causal)

@@ -1,4 +1,5 @@
-"""The sparse family (seeds 002 and 004): local, atrous, sparse, strided, fixed, BigBird, LongNet.
+"""The sparse family (Su 2019; Child et al. 2019): local, atrous, sparse, strided, fixed, BigBird,
+LongNet.
 
 One module per mechanism, each with its literal rule ``visible(i, j, n, causal, params)``, its
 exact pair count, a dense masked reference and an efficient path on the shared engine

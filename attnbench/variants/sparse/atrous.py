@@ -1,5 +1,5 @@
 """Atrous (dilated) self-attention: query i sees key j only when (i - j) is a multiple of r
-(seed 004, "Atrous Self Attention"; cost n^2 / r).
+(Su 2019, "Atrous Self Attention"; cost n^2 / r).
 
 Causal: j <= i as well. Every query sees itself (i - i = 0), so no row is ever empty.
 
@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.kernels.flex import flex_fused
-from attnbench.spec import Mechanism, Path, positive_int
+from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.sparse.common import masked_reference, residue_count
 from attnbench.variants.sparse.engine import Part, Residue, attend
 
@@ -51,11 +52,11 @@ MECHANISM = Mechanism(
     name="atrous",
     family="sparse",
     description="Atrous (dilated) attention: query i sees key j when i - j is a multiple of r",
-    source="seed 004 (Atrous Self Attention); Child et al. 2019",
-    params=(positive_int("r", 8, "dilation rate: keys every r positions (seed's k)"),),
+    sources=(sources.SU_2019_SPARSE, sources.CHILD_2019),
+    params=(positive_int("r", 8, "dilation rate: keys every r positions (Su 2019's k)"),),
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             by_residue,

@@ -1,4 +1,4 @@
-"""BigBird's block-sparse pattern (Zaheer et al. 2020; seed 002), on blocks of ``block`` positions.
+"""BigBird's block-sparse pattern (Zaheer et al. 2020), on blocks of ``block`` positions.
 
 Query i in block qb = i // block sees key j in block kb = j // block when any of:
 
@@ -31,8 +31,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.kernels.flex import flex_fused
-from attnbench.spec import Mechanism, Param, Path, positive_int
+from attnbench.spec import Mechanism, Param, PathSpec, positive_int
 from attnbench.variants.sparse.common import masked_reference
 from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part, attend, ceil_div
 
@@ -196,7 +197,7 @@ MECHANISM = Mechanism(
     name="bigbird",
     family="sparse",
     description="BigBird: block window + global first/last blocks + random blocks per row",
-    source="Zaheer et al. 2020 (BigBird, ITC); seed 002",
+    sources=(sources.ZAHEER_2020,),
     params=(
         positive_int("block", 64, "block length in positions"),
         Param(
@@ -211,8 +212,8 @@ MECHANISM = Mechanism(
         _nonneg("seed", 0, "seed of the random blocks (the pattern is reproducible)"),
     ),
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             efficient,

@@ -1,4 +1,4 @@
-"""The Sparse Transformer's fixed pattern (Child et al. 2019; seed 002): query i sees key j when
+"""The Sparse Transformer's fixed pattern (Child et al. 2019): query i sees key j when
 floor(j / s) == floor(i / s) (its own block of s) or (j mod s) >= s - c (the last c positions of
 every block, the "summary" columns).
 
@@ -18,8 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.kernels.flex import flex_fused
-from attnbench.spec import Mechanism, Path, positive_int
+from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.sparse.common import masked_reference, rows
 from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part, attend
 
@@ -79,15 +80,15 @@ MECHANISM = Mechanism(
     name="fixed",
     family="sparse",
     description="Sparse Transformer fixed: own block of s plus the last c of every block",
-    source="Child et al. 2019 (Sparse Transformer); seed 002",
+    sources=(sources.CHILD_2019,),
     params=(
         positive_int("s", 64, "block length (stride)"),
         positive_int("c", 8, "summary positions at the end of each block, 1 <= c < s"),
     ),
     check_params=check_params,
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             efficient,

@@ -1,4 +1,4 @@
-"""Local self-attention: query i sees key j when |i - j| <= window (seed 004, "Local Self
+"""Local self-attention: query i sees key j when |i - j| <= window (Su 2019, "Local Self
 Attention", where the window is called k; Beltagy et al. 2020's sliding window).
 
 Causal: only backwards, 0 <= i - j <= window. Every query sees itself, so no row is ever empty.
@@ -7,7 +7,7 @@ The efficient path splits queries into blocks of b and gives block g the key blo
 g - ceil(window / b) .. g + ceil(window / b), read in place as overlapping strided views of K and
 V, then masks the pairs outside the band: about 2 * window + b keys per query instead of n.
 
-The parameter is called ``window``, not ``k`` as in the seed, because ``k`` is the key tensor in
+The parameter is called ``window``, not ``k`` as in Su 2019, because ``k`` is the key tensor in
 every path's signature.
 """
 
@@ -18,8 +18,9 @@ from typing import Any
 
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.kernels.flex import flex_fused
-from attnbench.spec import Mechanism, Path, positive_int
+from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.sparse.common import band_block, masked_reference, window_count
 from attnbench.variants.sparse.engine import Band, Blocks, Part, attend, ceil_div
 
@@ -55,11 +56,13 @@ MECHANISM = Mechanism(
     name="local",
     family="sparse",
     description="Local attention: each query sees the keys within `window` positions",
-    source="seed 004 (Local Self Attention); Beltagy et al. 2020 (sliding window)",
-    params=(positive_int("window", 64, "keys on each side (only behind when causal); seed's k"),),
+    sources=(sources.SU_2019_SPARSE, sources.BELTAGY_2020),
+    params=(
+        positive_int("window", 64, "keys on each side (only behind when causal); Su 2019's k"),
+    ),
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             banded,

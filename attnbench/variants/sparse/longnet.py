@@ -1,4 +1,4 @@
-"""LongNet's dilated attention (Ding et al. 2023; seed 002).
+"""LongNet's dilated attention (Ding et al. 2023).
 
 ``segments`` is a list of branches (w, r). Branch (w, r) cuts the sequence into segments of w
 positions ([0, w), [w, 2w), ...; the last one shorter when w does not divide n, a segment longer
@@ -38,8 +38,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.kernels.flex import ScoreMod, flex_fused
-from attnbench.spec import Mechanism, Param, Path, Shape
+from attnbench.spec import Mechanism, Param, PathSpec, Shape
 from attnbench.variants.dense import softmax_attention
 from attnbench.variants.sparse.engine import Dilated, Part, attend
 
@@ -198,7 +199,7 @@ MECHANISM = Mechanism(
     name="longnet",
     family="sparse",
     description="LongNet dilated attention: (segment w, dilation r) branches, lse-weighted",
-    source="Ding et al. 2023 (LongNet); seed 002",
+    sources=(sources.DING_2023,),
     params=(
         Param(
             "segments",
@@ -211,8 +212,8 @@ MECHANISM = Mechanism(
         ),
     ),
     paths=(
-        Path("reference", "reference", reference, memory="O(branches * n^2)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(branches * n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             dilated,

@@ -1,8 +1,8 @@
-"""OpenAI's sparse self-attention as seed 004 presents it: the union of local and atrous
+"""OpenAI's sparse self-attention as Su 2019 presents it: the union of local and atrous
 attention, "dense nearby, sparse far away": query i sees key j when |i - j| <= window or
 (i - j) is a multiple of r.
 
-The seed uses one k for both (window = r = k); attnbench exposes both and defaults them equal.
+Su 2019 uses one k for both (window = r = k); attnbench exposes both and defaults them equal.
 Causal: j <= i as well. Every query sees itself, so no row is ever empty.
 
 Efficient path: two parts merged exactly by their log-sum-exp (see the engine): the blocked band
@@ -19,8 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.kernels.flex import flex_fused
-from attnbench.spec import Mechanism, Path, positive_int
+from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.sparse.common import band_and_residue_count, band_block, masked_reference
 from attnbench.variants.sparse.engine import Band, Blocks, Part, Residue, attend, ceil_div
 
@@ -67,15 +68,15 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int, r: 
 MECHANISM = Mechanism(
     name="sparse",
     family="sparse",
-    description="OpenAI sparse attention (seed 004): local within `window` ∪ atrous every r",
-    source="seed 004 (Sparse Self Attention); Child et al. 2019",
+    description="OpenAI sparse attention (Su 2019): local within `window` ∪ atrous every r",
+    sources=(sources.SU_2019_SPARSE, sources.CHILD_2019),
     params=(
-        positive_int("window", 64, "keys on each side seen densely (seed's k)"),
-        positive_int("r", 64, "beyond the window, keys every r positions (seed's k)"),
+        positive_int("window", 64, "keys on each side seen densely (Su 2019's k)"),
+        positive_int("r", 64, "beyond the window, keys every r positions (Su 2019's k)"),
     ),
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             efficient,

@@ -1,4 +1,4 @@
-"""The Sparse Transformer's strided pattern (Child et al. 2019; seed 002): query i sees key j
+"""The Sparse Transformer's strided pattern (Child et al. 2019): query i sees key j
 when |i - j| < s or (i - j) mod s == 0. With s ~ sqrt(n) the cost is O(n sqrt(n) d).
 
 Causal: j <= i as well (the paper's autoregressive form). Every query sees itself.
@@ -15,8 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench import sources
 from attnbench.kernels.flex import flex_fused
-from attnbench.spec import Mechanism, Path, positive_int
+from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.sparse.common import band_and_residue_count, masked_reference
 from attnbench.variants.sparse.openai_sparse import band_plus_residue
 
@@ -50,11 +51,11 @@ MECHANISM = Mechanism(
     name="strided",
     family="sparse",
     description="Sparse Transformer strided: i sees j if |i-j| < s or (i-j) mod s = 0",
-    source="Child et al. 2019 (Sparse Transformer); seed 002",
+    sources=(sources.CHILD_2019,),
     params=(positive_int("s", 64, "stride, ~sqrt(n) in the paper"),),
     paths=(
-        Path("reference", "reference", reference, memory="O(n^2)"),
-        Path(
+        PathSpec("reference", "reference", reference, memory="O(n^2)"),
+        PathSpec(
             "efficient",
             "efficient",
             efficient,

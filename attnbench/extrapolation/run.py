@@ -1,14 +1,14 @@
-"""``attnbench run extrapolate``: train at one length, evaluate at longer ones (seed 003).
+"""``attnbench run extrapolate``: train at one length, evaluate at longer ones (Su 2021).
 
-For every seed and every trained variant: build the encoder (:mod:`attnbench.models.mlm`), train
-it at L (:mod:`attnbench.suites.mlm_train`, checkpointed), evaluate masked-token accuracy at every
-evaluation length on the same held-out span with the same masks (:mod:`attnbench.suites.mlm_eval`).
+For every seed and every trained variant: build the encoder (:mod:`.model`), train it at L
+(:mod:`.train`, checkpointed), evaluate masked-token accuracy at every evaluation length on the
+same held-out span with the same masks (:mod:`.evaluate`).
 The trained O model is also evaluated with each evaluation-time trick
-(:mod:`attnbench.models.tricks`) loaded into the same weights. Results: one tidy CSV row per
-(variant, seed, length), a JSON sidecar, a Markdown table (mean ± std over seeds, the seed's
+(:mod:`.tricks`) loaded into the same weights. Results: one tidy CSV row per
+(variant, seed, length), a JSON sidecar, a Markdown table (mean ± std over seeds, Su 2021's
 published rows beside ours) and a figure.
 
-What silently breaks such experiments, and what this module does about it (FIELD-NOTES): n is the
+What silently breaks such experiments, and what this module does about it: n is the
 real length (no padding exists); the scaling lives in the mechanism, so training and evaluation
 use the same code; one held-out stream, contiguous windows, masks fixed by a seed; a length guard
 at every layer; several seeds; the chunk-L floor as a row.
@@ -19,9 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import platform
 import random
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,13 +28,10 @@ from typing import Any
 
 import torch
 
-import attnbench
 from attnbench.data import load_corpus
 from attnbench.errors import AttnbenchError
-from attnbench.models.mlm import MLMEncoder, build_model
-from attnbench.models.tricks import TrickMixer
-from attnbench.suites import extrapolate_report as report
-from attnbench.suites.extrapolate_config import (
+from attnbench.extrapolation import report
+from attnbench.extrapolation.config import (
     EvalTimeVariant,
     ExtrapConfig,
     TrainedVariant,
@@ -44,9 +39,12 @@ from attnbench.suites.extrapolate_config import (
     resolve_variants,
     spec_json,
 )
-from attnbench.suites.mlm_eval import EvalStream, evaluate, make_eval_stream
-from attnbench.suites.mlm_train import check_key, load_checkpoint, train
-from attnbench.suites.progress import TrainProgress, default_progress
+from attnbench.extrapolation.evaluate import EvalStream, evaluate, make_eval_stream
+from attnbench.extrapolation.model import MLMEncoder, build_model
+from attnbench.extrapolation.progress import NoProgress, TrainProgress
+from attnbench.extrapolation.train import check_key, load_checkpoint, train
+from attnbench.extrapolation.tricks import TrickMixer
+from attnbench.measure import machine
 
 MASKING = (
     "each position replaced by the [MASK] id independently with probability {p} (training and "
@@ -72,7 +70,7 @@ class RunOptions:
     impls: list[str] = field(default_factory=list)
     impl_params: dict[str, str] = field(default_factory=dict)
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
-    progress: Callable[[], TrainProgress] = default_progress
+    progress: Callable[[], TrainProgress] = NoProgress
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
     #: Called after every training step with (variant, seed, step): tests interrupt through it.
     on_step: Callable[[str, int, int], None] | None = None
@@ -104,18 +102,6 @@ def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus
     }
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto``: the GPU when there is one, else the CPU; an unavailable device is an error."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise AttnbenchError(f"device {name!r} is not available here; accepted: auto, cpu")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise AttnbenchError(f"device {name!r} is not available here; accepted: auto, cpu")
-    return device
-
-
 def _threads(cfg: ExtrapConfig) -> int:
     if cfg.run.threads:
         return cfg.run.threads
@@ -123,44 +109,6 @@ def _threads(cfg: ExtrapConfig) -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def git_info() -> dict[str, Any]:
-    root = Path(attnbench.__file__).resolve().parents[1]
-    try:
-        sha = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return {"sha": None, "dirty": None}
-    if sha.returncode:
-        return {"sha": None, "dirty": None}
-    return {"sha": sha.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
-
-
-def versions() -> dict[str, str]:
-    import numpy
-
-    return {
-        "attnbench": attnbench.__version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": numpy.__version__,
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "cuda": torch.version.cuda,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-    }
 
 
 class Plan:
@@ -222,7 +170,7 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         torch.manual_seed(0)
         build_model(cfg.model, v.spec)
     seeds = list(range(cfg.run.seed_start, cfg.run.seed_start + cfg.run.seeds))
-    device = resolve_device(cfg.run.device)
+    device = machine.resolve_device(cfg.run.device, "run.device (--device)")
     if device.type == "cuda":
         # Training in float32 with TF32 matmuls (10-bit mantissa products, float32 sums) on the
         # GPU: the usual setting for training, several times faster than IEEE float32 matmuls.
@@ -289,8 +237,10 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         "trainings": trainings,
         "threads": _threads(cfg),
         "device": str(device),
-        "versions": versions(),
-        "git": git_info(),
+        "versions": machine.versions(),
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "git": machine.git_state(),
         "notes": notes,
         "outputs": [CSV_NAME, TABLE_NAME, FIGURE_NAME],
     }
@@ -308,7 +258,7 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
             f"Made by: `{command}`",
             "",
             "Masked-token accuracy (%), mean ± std over seeds. Eval-time rows reuse the trained O "
-            "weights. The seed's rows are its published numbers (other data and model): compare "
+            "weights. Su 2021's rows are its published numbers (other data and model): compare "
             "shapes, not levels.",
             "",
             report.markdown_table(summary, lengths),
@@ -318,7 +268,7 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
             report.markdown_difference(diff, lengths),
             "",
             *(
-                ["The seed's shape, on the mean over seeds of E − O:", "", *checks, ""]
+                ["Su 2021's shape, on the mean over seeds of E − O:", "", *checks, ""]
                 if (checks := report.shape_checks(diff))
                 else []
             ),

@@ -1,10 +1,10 @@
-"""Progress of a training run: a rich bar on a terminal, plain lines otherwise."""
+"""Progress of a training run on the terminal: a rich bar, or plain lines when stderr is not a
+terminal (CI logs, pipes)."""
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Protocol
 
 from rich.console import Console
 from rich.progress import (
@@ -16,11 +16,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-
-class TrainProgress(Protocol):
-    def start(self, title: str, total: int, completed: int) -> None: ...
-    def update(self, step: int, loss: float, tokens_per_s: float) -> None: ...
-    def stop(self) -> None: ...
+from attnbench.extrapolation.progress import TrainProgress
 
 
 class RichProgress:
@@ -77,17 +73,6 @@ class LineProgress:
             file=self.stream,
             flush=True,
         )
-
-    def stop(self) -> None:
-        pass
-
-
-class NoProgress:
-    def start(self, title: str, total: int, completed: int) -> None:
-        pass
-
-    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
-        pass
 
     def stop(self) -> None:
         pass

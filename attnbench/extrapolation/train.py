@@ -33,8 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.errors import AttnbenchError
-from attnbench.models.mlm import MASK_ID
-from attnbench.suites.progress import NoProgress, TrainProgress
+from attnbench.extrapolation.model import MASK_ID
+from attnbench.extrapolation.progress import NoProgress, TrainProgress
 
 CHECKPOINT_FORMAT = 1
 #: Steps between the (step, loss) pairs kept in a checkpoint's history.

@@ -1,7 +1,7 @@
 """The extrapolation suite's outputs: tidy CSV, summary table (mean +- std over seeds), figure.
 
-The seed's published rows (seed 003: RoFormer small, trained at 64, its own data) are printed
-beside ours, labelled as the seed's; their numbers are not comparable in level (other data,
+The published rows of Su 2021 (RoFormer small, trained at 64, its own data) are printed
+beside ours, labelled "Su 2021"; their numbers are not comparable in level (other data,
 tokenizer and model), only in shape.
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import pandas as pd
 
-#: Seed 003's table: MLM accuracy (%) of RoFormer small trained at n = 64.
+#: Su 2021's table: MLM accuracy (%) of RoFormer small trained at n = 64.
 PUBLISHED: dict[str, dict[int, float]] = {
-    "seed 003: Attention-O": {64: 43.27, 128: 36.53, 256: 23.02, 512: 15.12, 1024: 11.54},
-    "seed 003: Attention-E": {64: 43.11, 128: 41.17, 256: 34.04, 512: 20.15, 1024: 13.58},
+    "Su 2021: Attention-O": {64: 43.27, 128: 36.53, 256: 23.02, 512: 15.12, 1024: 11.54},
+    "Su 2021: Attention-E": {64: 43.11, 128: 41.17, 256: 34.04, 512: 20.15, 1024: 13.58},
 }
 
 BASE_COLUMNS = [
@@ -165,7 +165,7 @@ def markdown_difference(diff: pd.DataFrame, lengths: Sequence[int], base: str = 
     return "\n".join(lines)
 
 
-#: The issue's reading of the seed's shape, on the mean over seeds of E - O (points):
+#: The issue's reading of Su 2021's shape, on the mean over seeds of E - O (points):
 #: (length, test, threshold, words).
 SHAPE_CHECKS = (
     (64, "abs<=", 1.5, "|E − O| ≤ 1.5 at n = 64 (equal at the training length)"),
@@ -177,7 +177,7 @@ SHAPE_CHECKS = (
 
 
 def shape_checks(diff: pd.DataFrame, variant: str = "E") -> list[str]:
-    """Markdown bullet lines: does ``variant`` − O meet the seed's shape at each length?"""
+    """Markdown bullet lines: does ``variant`` − O meet Su 2021's shape at each length?"""
     rows = diff[diff["variant"] == variant].set_index("eval_len")["mean"]
     lines = []
     for n, test, threshold, words in SHAPE_CHECKS:
@@ -214,7 +214,7 @@ def figure(
 ) -> None:
     """Accuracy vs evaluation length, log2 x axis, one line per variant, std error bars over seeds.
 
-    Left: the trained variants and the seed's published rows (dotted; other data, compare shapes).
+    Left: the trained variants and Su 2021's published rows (dotted; other data, compare shapes).
     Right (when there are eval-time rows): the tricks applied to the trained O model, with O and E
     for reference.
     """

@@ -1,11 +1,11 @@
 """A small bidirectional Transformer encoder for byte-level masked-language modelling.
 
-The extrapolation experiment of seed 003 (RoFormer small, MLM, trained at one length): token
+The extrapolation experiment of Su 2021 (RoFormer small, MLM, trained at one length): token
 embedding, no absolute positions (rotary embedding inside every attention layer), ``layers``
 pre-norm blocks, a final LayerNorm and a 256-way byte classifier. Every attention mechanism comes
 from :func:`attnbench.layers.make_layer`, so any bidirectional registry mechanism trains in the
 same model with no edit. A mechanism whose record says ``whole_block=True`` (GAU, FLASH: the layer
-replaces attention + FFN) is stacked without an FFN, twice as many of them (seed 000: two GAU layers
+replaces attention + FFN) is stacked without an FFN, twice as many of them (Su 2022: two GAU layers
 match one attention + FFN block in parameters, the FLASH paper's convention).
 
 Tokens ``[B, T]`` (byte ids 0..255, :data:`MASK_ID` for a masked position) -> hidden states

@@ -1,6 +1,6 @@
-"""Configuration of the extrapolation suite: presets (TOML in the top-level
-``suites/extrapolate/`` folder, with identical copies shipped in ``attnbench/data/extrapolate/``
-for installed wheels), overrides, and the variants (rows) of the table.
+"""Configuration of the extrapolation experiment: presets (TOML shipped in
+``attnbench/data/suites/extrapolate/``, read by :mod:`attnbench.tomlconfig` like the speed suites,
+so every error names the file and line), overrides, and the variants (rows) of the table.
 
 A preset file has the sections ``[model]`` (:class:`ModelConfig`), ``[train]``
 (:class:`TrainConfig`), ``[eval]`` (:class:`EvalConfig`), ``[run]`` (:class:`RunConfig`) and
@@ -13,29 +13,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnbench import registry
+from attnbench import registry, tomlconfig
 from attnbench.errors import AttnbenchError, unknown
-from attnbench.models.mlm import MixerSpec, ModelConfig
-from attnbench.models.tricks import Tricks, parse_tricks
-from attnbench.suites.mlm_train import TrainConfig
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-#: Where presets live: ``suites/extrapolate/<name>.toml`` at the top of the checkout, then the
-#: copies shipped in the package (a test keeps them identical).
-REPO_PRESETS = PACKAGE_DIR.parent / "suites" / "extrapolate"
-PACKAGED_PRESETS = PACKAGE_DIR / "data" / "extrapolate"
-PRESET_DIRS = (REPO_PRESETS, PACKAGED_PRESETS)
+from attnbench.extrapolation.model import MixerSpec, ModelConfig
+from attnbench.extrapolation.train import TrainConfig
+from attnbench.extrapolation.tricks import Tricks, parse_tricks
 
 DEFAULT_EVAL_TIME = ("logn", "yarn-temp", "local", "chunk", "ntk", "pi", "rerope")
 
@@ -99,7 +86,8 @@ class RunConfig:
             raise AttnbenchError("no trained variants; accepted: at least one, e.g. O,E")
 
 
-#: Trained variants every preset knows. E is the seed's log_512 n; E-ln the natural log.
+#: Trained variants every preset knows. E is Su 2021's log_512 n; E-ln the natural log
+#: (Chiang & Cholak 2022).
 VARIANTS: dict[str, MixerSpec] = {
     "O": MixerSpec("softmax"),
     "E": MixerSpec("softmax-logn", params={"base": 512.0}),
@@ -216,58 +204,53 @@ def _to_int(value: Any) -> int:
 
 
 def preset_names() -> list[str]:
-    names = set()
-    for d in PRESET_DIRS:
-        if d.is_dir():
-            names.update(p.stem for p in d.glob("*.toml"))
-    return sorted(names)
+    return tomlconfig.names_in(tomlconfig.PRESETS_DIR)
 
 
 def find_preset(name_or_path: str) -> Path:
     """A preset name (``cpu``) or a path to a TOML file."""
-    path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
-        if not path.is_file():
-            raise AttnbenchError(f"preset file {path} does not exist or is not a file")
-        return path
-    for d in PRESET_DIRS:
-        candidate = d / f"{name_or_path}.toml"
-        if candidate.is_file():
-            return candidate
-    raise unknown("preset", name_or_path, preset_names())
+    return tomlconfig.find_config(name_or_path, tomlconfig.PRESETS_DIR, "preset")
 
 
 def load_preset(name_or_path: str) -> ExtrapConfig:
-    path = find_preset(name_or_path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-        raise AttnbenchError(f"preset {path} is not valid TOML: {e}") from None
-    name = path.stem
-    cfg = ExtrapConfig(preset=name, description=str(data.pop("description", "")))
+    """A preset file as an :class:`ExtrapConfig`; every error names the file and the line."""
+    text = tomlconfig.load(find_preset(name_or_path), "preset")
+    data = dict(text.data)
+    description = data.pop("description", "")
+    if not isinstance(description, str):
+        raise text.error(("description",), "description must be a string")
+    cfg = ExtrapConfig(preset=text.path.stem, description=description)
     defs = dict(VARIANTS)
-    for vname, table in (data.pop("variants", {}) or {}).items():
-        defs[vname] = variant_from_table(vname, table, path)
-    values = {}
+    variants = data.pop("variants", {})
+    if not isinstance(variants, dict):
+        raise text.error(("variants",), "variants must be tables: [variants.NAME]")
+    for vname, table in variants.items():
+        defs[vname] = variant_from_table(vname, table, text)
     for section, table in data.items():
         if section not in SECTIONS or not isinstance(table, dict):
-            raise AttnbenchError(
-                f"preset {path}: unknown section [{section}]; accepted: "
-                + ", ".join(f"[{s}]" for s in (*SECTIONS, "variants.NAME"))
+            raise text.error(
+                (section,),
+                f"unknown section [{section}]; accepted: "
+                + ", ".join(f"[{s}]" for s in (*SECTIONS, "variants.NAME")),
             )
         for key, value in table.items():
-            values[f"{section}.{key}"] = value
-    return dataclasses.replace(cfg.override(values), variant_defs=defs)
+            try:
+                cfg = cfg.override({f"{section}.{key}": value})
+            except AttnbenchError as e:
+                raise text.error((section, key), str(e)) from None
+    return dataclasses.replace(cfg, variant_defs=defs)
 
 
-def variant_from_table(name: str, table: Any, path: Path) -> MixerSpec:
+def variant_from_table(name: str, table: Any, text: tomlconfig.SuiteText) -> MixerSpec:
+    where = ("variants", name)
     if not isinstance(table, dict) or "mechanism" not in table:
-        raise AttnbenchError(f'preset {path}: [variants.{name}] needs mechanism = "NAME"')
+        raise text.error(where, f'[variants.{name}] needs mechanism = "NAME"')
     extra = set(table) - {"mechanism", "path", "params"}
     if extra:
-        raise AttnbenchError(
-            f"preset {path}: [variants.{name}] has unknown keys {sorted(extra)}; "
-            "accepted: mechanism, path, params"
+        raise text.error(
+            (*where, sorted(extra)[0]),
+            f"[variants.{name}] has unknown keys {sorted(extra)}; "
+            "accepted: mechanism, path, params",
         )
     return MixerSpec(table["mechanism"], table.get("path"), dict(table.get("params", {})))
 

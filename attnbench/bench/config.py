@@ -17,9 +17,10 @@ import torch
 
 from attnbench import registry
 from attnbench.errors import AttnbenchError, unknown
+from attnbench.measure import machine
 from attnbench.measure.timing import TimingPolicy
-from attnbench.spec import PATH_KINDS, Mechanism, Path
-from attnbench.suites.suitefile import Key, SuiteText, find_suite, load, read_table
+from attnbench.spec import PATH_KINDS, Mechanism, PathSpec
+from attnbench.tomlconfig import Key, SuiteText, find_suite, load, read_table
 
 DIRECTIONS = ("fwd", "fwdbwd")
 DEVICES = ("auto", "cpu", "cuda")
@@ -494,16 +495,9 @@ def override(
 
 
 def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise AttnbenchError(
-            "device cuda (from --device or the suite's [grid] device): no GPU is visible to "
-            "torch (torch.cuda.is_available() is False); accepted here: --device cpu or auto"
-        )
     if name not in DEVICES:
         raise AttnbenchError(f"device {name!r}: accepted: {', '.join(DEVICES)}")
-    return torch.device(name)
+    return machine.resolve_device(name, "--device (or the suite's [grid] device)")
 
 
 # --------------------------------------------------------------------------------------------
@@ -518,7 +512,7 @@ def _lookup(name: str, mechs: Sequence[Mechanism]) -> Mechanism:
     raise unknown("mechanism", name, [m.name for m in mechs])
 
 
-def _parse_item(item: str, mechs: Sequence[Mechanism]) -> tuple[Mechanism, Path | None]:
+def _parse_item(item: str, mechs: Sequence[Mechanism]) -> tuple[Mechanism, PathSpec | None]:
     """``NAME`` or ``NAME:PATH`` -> (mechanism, path or None), validated against ``mechs``."""
     name, _, path = item.partition(":")
     mech = _lookup(name.strip(), mechs)
@@ -527,12 +521,12 @@ def _parse_item(item: str, mechs: Sequence[Mechanism]) -> tuple[Mechanism, Path 
 
 def select(
     suite: SpeedSuite, mechanisms: Sequence[Mechanism] | None = None
-) -> list[tuple[Mechanism, Path]]:
+) -> list[tuple[Mechanism, PathSpec]]:
     """The (mechanism, path) pairs a suite runs, in order, the reference included."""
     mechs = list(mechanisms if mechanisms is not None else registry.MECHANISMS)
-    chosen: dict[tuple[str, str], tuple[Mechanism, Path]] = {}
+    chosen: dict[tuple[str, str], tuple[Mechanism, PathSpec]] = {}
 
-    def add(mech: Mechanism, path: Path | None) -> None:
+    def add(mech: Mechanism, path: PathSpec | None) -> None:
         kinds = suite.path_kinds
         paths = [path] if path is not None else [p for p in mech.paths if p.kind in kinds]
         for p in paths:

@@ -1,12 +1,12 @@
-"""``attnbench run entropy``: the theory behind Attention-E, checked (seed 003).
+"""``attnbench run entropy``: the theory behind Attention-E, checked (Su 2021).
 
-The entropy of an attention row is H = -sum_j a_j log a_j. Seed 003 approximates, for q, k of
+The entropy of an attention row is H = -sum_j a_j log a_j. Su 2021 approximates, for q, k of
 norm sqrt(d) with k uniform on the sphere, H ~ log n - 0.24 * lambda * d + O(1) (lambda the score
 scale), and picks lambda = log_512(n) / sqrt(d) (Attention-E) so that H stops growing like log n.
 
 (a) Random q, k of norm sqrt(d) (d = 64 by default), n = 16 .. 4096 in powers of two, for O
     (lambda = 1/sqrt(d)) and E (lambda = log_512 n / sqrt(d)). Fits, over all those points,
-    H = log n - c * lambda * d + b (c and b free) and reports c beside the seed's 0.24.
+    H = log n - c * lambda * d + b (c and b free) and reports c beside Su 2021's 0.24.
 (b) Inside the trained models of ``attnbench run extrapolate`` (every finished checkpoint found
     whose attention rows are distributions: O, E, ...): the mean row entropy per layer on
     held-out windows of n tokens.
@@ -29,13 +29,13 @@ import torch
 
 from attnbench.data import load_corpus
 from attnbench.errors import AttnbenchError
-from attnbench.models.mlm import MixerSpec, ModelConfig, build_model
-from attnbench.suites.extrapolate import git_info, versions
-from attnbench.suites.extrapolate_config import ExtrapConfig
-from attnbench.suites.mlm_eval import EntropyProbe, LengthGuard, row_entropy
-from attnbench.suites.mlm_train import load_checkpoint
+from attnbench.extrapolation.config import ExtrapConfig
+from attnbench.extrapolation.evaluate import EntropyProbe, LengthGuard, row_entropy
+from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
+from attnbench.extrapolation.train import load_checkpoint
+from attnbench.measure import machine
 
-SEED_C = 0.24  # seed 003's Laplace-approximation constant
+SEED_C = 0.24  # Su 2021's Laplace-approximation constant
 E_BASE = 512.0
 
 
@@ -304,8 +304,8 @@ def run_entropy(cfg: ExtrapConfig, opts: EntropyOptions) -> EntropyResult:
         "config": cfg.plain(),
         "fit": fit,
         "growth": slopes,
-        "versions": versions(),
-        "git": git_info(),
+        "versions": machine.versions(),
+        "git": machine.git_state(),
         "notes": notes,
     }
     (opts.out / "entropy.json").write_text(json.dumps(sidecar, indent=1) + "\n")
@@ -317,7 +317,7 @@ def _text(fit: dict[str, Any], slopes: list[dict[str, Any]], notes: list[str]) -
     lines = [
         f"fit {fit['model']}:",
         f"  c = {fit['c']:.3f}, b = {fit['b']:.3f} (rms residual {fit['rms_residual']:.3f}); "
-        f"with b = 0: c = {fit['c_without_b']:.3f}; seed 003 derives c ~ {fit['seed_c']} "
+        f"with b = 0: c = {fit['c_without_b']:.3f}; Su 2021 derives c ~ {fit['seed_c']} "
         f"(lambda*d from {fit['lambda_d_range'][0]:.2f} to {fit['lambda_d_range'][1]:.2f})",
         f"  the Gaussian-regime formula {fit['gaussian_formula']} misses the same points by "
         f"{fit['gaussian_rms_residual']:.3f} rms",

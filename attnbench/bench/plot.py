@@ -25,8 +25,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.transforms import blended_transform_factory  # noqa: E402
 
 from attnbench import registry  # noqa: E402
+from attnbench.bench.results import read_results  # noqa: E402
 from attnbench.errors import AttnbenchError  # noqa: E402
-from attnbench.suites.results import read_results  # noqa: E402
 
 FORMATS = ("png", "svg")
 KIND_STYLE = {"reference": "--", "efficient": "-", "fused": ":"}

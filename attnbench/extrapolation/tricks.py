@@ -6,8 +6,8 @@ parameter names as :class:`attnbench.layers.AttentionMixer`: ``wq, wk, wv, wo``)
 training length, n the length of the window being evaluated, s = max(1, n / L), d the head dim.
 
 ======== ====================================================================================
-logn     scores times max(1, log n_i / log L), n_i the keys query i sees (seed 003's log_L n,
-         clipped as the seed advises for use beyond the trained length; Qwen's logn-attn)
+logn     scores times max(1, log n_i / log L), n_i the keys query i sees (Su 2021's log_L n,
+         clipped as Su 2021 advises for use beyond the trained length; Qwen's logn-attn)
 yarn-temp scores times (0.1 ln s + 1)^2: YaRN's attention temperature (Peng et al. 2023) alone
 local    query i sees keys j with abs(i - j) <= local_window (L/2 by default), dense -inf mask
 chunk    the window is cut into independent L-token chunks (the sanity floor; done by the
@@ -38,7 +38,7 @@ from attnbench.errors import AttnbenchError, unknown
 from attnbench.layers import Rotary
 
 TRICKS: dict[str, str] = {
-    "logn": "scores x max(1, log n / log L) (seed 003's log_L n, clipped)",
+    "logn": "scores x max(1, log n / log L) (Su 2021's log_L n, clipped)",
     "yarn-temp": "scores x (0.1 ln(n/L) + 1)^2 (YaRN's temperature alone)",
     "local": "local window: each query sees keys within +-local_window (L/2)",
     "chunk": "independent L-chunks (sanity floor)",

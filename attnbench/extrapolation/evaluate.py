@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.errors import AttnbenchError
+from attnbench.extrapolation.model import MASK_ID
+from attnbench.extrapolation.tricks import TrickMixer
 from attnbench.layers import AttentionMixer
-from attnbench.models.mlm import MASK_ID
-from attnbench.models.tricks import TrickMixer
 
 #: A row counts as a probability distribution when its entries are >= -ROW_TOL and sum to 1 +-.
 ROW_TOL = 1e-3
@@ -186,13 +186,13 @@ class EntropyProbe:
                 self.supported[i] = True
             elif isinstance(m, AttentionMixer):
                 orig = m.path
-                m.path = dataclasses.replace(orig, fn=self._wrap(i, m, orig.fn))
+                m.path = dataclasses.replace(orig, fn=self._wrap(i, m, orig))
                 self._undo.append(lambda m=m, orig=orig: setattr(m, "path", orig))
                 self.supported[i] = True
         return self
 
     def _wrap(self, i: int, layer: AttentionMixer, fn):
-        reference = layer.mech.reference.fn
+        reference = layer.mech.reference
 
         def probed(q, k, v, *, causal, **kw):
             out = fn(q, k, v, causal=causal, **kw)

@@ -1,12 +1,13 @@
-"""Suite files: TOML that users edit, found by name or path, validated key by key.
+"""Config files: the one way attnbench reads TOML that users edit (speed suites and
+extrapolation presets), found by name or path, validated key by key into frozen dataclasses.
 
 Every error names the file, the line and the key, and says what is accepted (``tomllib`` reports
 the line of a syntax error but not of a key it parsed, so :class:`Lines` finds key lines itself).
 
-Lookup of ``--suite NAME``: a path that exists is used as is; a bare name ``speed`` is looked up
-as ``speed.toml`` in the checkout's top-level ``suites/`` folder (next to the package, when
-attnbench runs from a git checkout or an editable install), then in the copies shipped inside the
-package (``attnbench/data/suites/``, for installed wheels; a test keeps them identical).
+Lookup of ``--suite NAME`` / ``--preset NAME``: a path that exists is used as is; a bare name
+``speed`` is ``speed.toml`` in the folder shipped inside the package (``attnbench/data/suites/``,
+presets in its ``extrapolate/`` subfolder). Each default file exists once; the checkout's
+top-level ``suites/`` is a link to that folder.
 """
 
 from __future__ import annotations
@@ -26,35 +27,41 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-PACKAGE_DIR = Path(__file__).resolve().parent.parent
-REPO_SUITES = PACKAGE_DIR.parent / "suites"
-PACKAGED_SUITES = PACKAGE_DIR / "data" / "suites"
+PACKAGE_DIR = Path(__file__).resolve().parent
+#: The shipped speed suites; presets of the extrapolation experiment in ``extrapolate/``.
+SUITES_DIR = PACKAGE_DIR / "data" / "suites"
+PRESETS_DIR = SUITES_DIR / "extrapolate"
 
 
-def suite_dirs() -> list[Path]:
-    return [d for d in (REPO_SUITES, PACKAGED_SUITES) if d.is_dir()]
+def names_in(folder: Path) -> list[str]:
+    """The config names (file stems) shipped in ``folder``, sorted."""
+    return sorted(f.stem for f in folder.glob("*.toml"))
 
 
-def available_suites() -> list[str]:
-    names: dict[str, None] = {}
-    for d in suite_dirs():
-        for f in sorted(d.glob("*.toml")):
-            names[f.stem] = None
-    return list(names)
-
-
-def find_suite(name: str) -> Path:
-    """A suite file from a path or a bare name (see the module docstring)."""
+def find_config(name: str, folder: Path, what: str) -> Path:
+    """A config file from a path or a bare name looked up in ``folder`` (``what``: ``suite`` or
+    ``preset``, for messages)."""
     given = Path(name).expanduser()
     if given.is_file():
         return given
     if given.suffix == ".toml" or "/" in name or "\\" in name:
-        raise AttnbenchError(f"suite file {name} does not exist; give a .toml file or a suite name")
-    for d in suite_dirs():
-        f = d / f"{name}.toml"
-        if f.is_file():
-            return f
-    raise unknown("suite", name, available_suites())
+        raise AttnbenchError(
+            f"{what} file {name} does not exist or is not a file; give a .toml file or a {what} "
+            f"name ({', '.join(names_in(folder))})"
+        )
+    f = folder / f"{name}.toml"
+    if f.is_file():
+        return f
+    raise unknown(what, name, names_in(folder))
+
+
+def available_suites() -> list[str]:
+    return names_in(SUITES_DIR)
+
+
+def find_suite(name: str) -> Path:
+    """A speed suite file from a path or a bare name (see the module docstring)."""
+    return find_config(name, SUITES_DIR, "suite")
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,17 +122,17 @@ class SuiteText:
         return AttnbenchError(f"{where}: {message}")
 
 
-def load(path: Path) -> SuiteText:
-    """Read and parse a TOML suite file; syntax errors name the line and column."""
+def load(path: Path, what: str = "suite") -> SuiteText:
+    """Read and parse a TOML config file; syntax errors name the line and column."""
     try:
         raw = path.read_bytes()
     except OSError as e:
-        raise AttnbenchError(f"cannot read suite file {path}: {e.strerror}") from None
+        raise AttnbenchError(f"cannot read {what} file {path}: {e.strerror}") from None
     try:
         text = raw.decode("utf-8")
         data = tomllib.loads(text)
     except UnicodeDecodeError:
-        raise AttnbenchError(f"{path}: not UTF-8 text; a suite file is TOML") from None
+        raise AttnbenchError(f"{path}: not UTF-8 text; a {what} file is TOML") from None
     except tomllib.TOMLDecodeError as e:
         raise AttnbenchError(_syntax_error(path, text, str(e))) from None
     return SuiteText(path, data, Lines(text), hashlib.sha256(raw).hexdigest())

@@ -2,7 +2,7 @@
 
 How a run goes (``run_speed``):
 
-1. The suite (:mod:`attnbench.suites.speed_suite`) expands into *groups*: one per (dtype, head
+1. The suite (:mod:`attnbench.bench.config`) expands into *groups*: one per (dtype, head
    dim, causal flag, length n), in increasing n. A group holds a case for every selected
    (mechanism, path, direction), the reference mechanism included. Every mechanism is consumed
    through its registry record alone: ``shape_for``, ``make_inputs`` (extra inputs included),
@@ -18,7 +18,7 @@ How a run goes (``run_speed``):
    case is an ``oom`` row and its longer lengths become ``skipped`` rows; any other exception is
    an ``error`` row with its one-line message, and the sweep goes on. Ctrl-C stops cleanly: every
    finished row is on disk and the result lists what was not run.
-4. Exponents of time and memory against n are fitted (:mod:`attnbench.suites.complexity`) and
+4. Exponents of time and memory against n are fitted (:mod:`attnbench.bench.complexity`) and
    written beside the rows, with a JSON sidecar holding the provenance.
 """
 
@@ -40,6 +40,17 @@ import pandas as pd
 import torch
 
 from attnbench import api, registry
+from attnbench.bench.complexity import fit_exponents
+from attnbench.bench.config import SpeedSuite, reference_pair
+from attnbench.bench.plan import Case, Group, plan, unsupported_reason
+from attnbench.bench.results import (
+    COLUMNS,
+    ResultsWriter,
+    params_text,
+    plain,
+    read_results,
+    row_key,
+)
 from attnbench.errors import AttnbenchError
 from attnbench.inputs import make_inputs
 from attnbench.measure import machine
@@ -55,17 +66,7 @@ from attnbench.measure.timing import (
     stats,
     warm_up,
 )
-from attnbench.spec import Mechanism, Path, Shape
-from attnbench.suites.complexity import fit_exponents
-from attnbench.suites.results import (
-    COLUMNS,
-    ResultsWriter,
-    params_text,
-    plain,
-    read_results,
-    row_key,
-)
-from attnbench.suites.speed_suite import SpeedSuite, params_for, reference_pair, select
+from attnbench.spec import Mechanism
 
 SCHEMA_VERSION = 1
 CSV_NAME = "results.csv"
@@ -163,98 +164,6 @@ def one_line(e: BaseException, limit: int = 240) -> str:
     first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
     text = f"{type(e).__name__}: {first}" if first else type(e).__name__
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# --------------------------------------------------------------------------------------------
-# The grid
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class Case:
-    """One measurement: a mechanism's path at one shape, dtype, causal flag and direction."""
-
-    mech: Mechanism
-    path: Path
-    params: Mapping[str, Any]
-    shape: Shape  # as the mechanism adapts it (MQA: kv_heads = 1)
-    dtype: torch.dtype
-    device: torch.device
-    causal: bool
-    direction: str  # "fwd" | "fwdbwd"
-
-    @property
-    def impl(self) -> str:
-        return f"{self.mech.name}:{self.path.name}"
-
-    @property
-    def series(self) -> tuple:
-        """What stays the same across lengths: OOM at one n skips the longer n of this."""
-        s = self.shape
-        return (self.impl, params_text(self.params), self.dtype, self.causal, self.direction,
-                s.heads, s.head_dim)  # fmt: skip
-
-    def label(self) -> str:
-        tag = "causal" if self.causal else "bidir"
-        return f"{self.impl} {self.direction} {tag} n={self.shape.seq_len}"
-
-
-@dataclass(frozen=True)
-class Group:
-    """Every case at one (dtype, head dim, causal flag, n): timed together, interleaved."""
-
-    dtype: torch.dtype
-    head_dim: int
-    causal: bool
-    seq_len: int
-    cases: tuple[Case, ...]
-
-    def label(self) -> str:
-        tag = "causal" if self.causal else "bidir"
-        dname = str(self.dtype).removeprefix("torch.")
-        return f"n={self.seq_len} {tag} d={self.head_dim} {dname}"
-
-
-def plan(suite: SpeedSuite, mechanisms: Sequence[Mechanism] | None = None) -> list[Group]:
-    """The suite's groups in the order they run (increasing n within each series)."""
-    device = suite.torch_device()
-    pairs = select(suite, mechanisms)
-    resolved = {mech.name: params_for(suite, mech) for mech, _ in pairs}
-    groups = []
-    for dtype in suite.torch_dtypes():
-        for head_dim in suite.head_dims:
-            heads = suite.heads_for(head_dim)
-            for causal in suite.causal:
-                for n in suite.lengths:
-                    cases = []
-                    for mech, path in pairs:
-                        cap = suite.max_len.get(path.kind)
-                        if cap is not None and n > cap:
-                            continue
-                        params = resolved[mech.name]
-                        asked = Shape(suite.batch_for(n), heads, n, head_dim)
-                        shape = mech.shape_for(asked, params)
-                        for direction in suite.directions:
-                            cases.append(
-                                Case(mech, path, params, shape, dtype, device, causal, direction)
-                            )
-                    if cases:
-                        groups.append(Group(dtype, head_dim, causal, n, tuple(cases)))
-    return groups
-
-
-def unsupported_reason(case: Case) -> str | None:
-    """Why this case cannot run here, from the mechanism's declared capabilities, or None."""
-    mech = case.mech
-    if case.dtype not in mech.dtypes:
-        return f"{mech.name} does not support {str(case.dtype).removeprefix('torch.')}"
-    if case.causal and not mech.causal:
-        return f"{mech.name} has no causal form"
-    if not case.causal and not mech.bidirectional:
-        return f"{mech.name} is causal only"
-    if case.direction == "fwdbwd" and not mech.backward:
-        return f"{mech.name} has no backward (forward only)"
-    return case.path.unavailable(case.device, backward=case.direction == "fwdbwd")
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,7 +403,8 @@ class _Runner:
         with torch.set_grad_enabled(backward):
             api.prepare(case.mech, q, k, v, causal=case.causal, path=case.path.name,
                         **case.params, **extras)  # fmt: skip
-        fn, kwargs = case.path.fn, {"causal": case.causal, **case.params, **extras}
+        fn = case.path.fn  # called directly, its own arguments chosen once, outside the timing
+        kwargs = case.path.arguments({"causal": case.causal, **case.params, **extras})
 
         def forward() -> torch.Tensor:
             with torch.no_grad():

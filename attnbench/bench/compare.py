@@ -1,6 +1,6 @@
 """Compare a speed run with a baseline, on what stays stable on a noisy, shared machine.
 
-Rows are matched by their key (:data:`attnbench.suites.results.KEY`: mechanism, path, params,
+Rows are matched by their key (:data:`attnbench.bench.results.KEY`: mechanism, path, params,
 dtype, shape, causal, direction). For each matched pair:
 
 * **time** — not absolute time, which swings 10-20 % between jobs on shared CI and up to 2x, but
@@ -46,9 +46,9 @@ from typing import Any
 
 import pandas as pd
 
+from attnbench.bench.results import KEY, read_results, read_sidecar
+from attnbench.bench.results import plain as _plain
 from attnbench.errors import AttnbenchError
-from attnbench.suites.results import KEY, read_results, read_sidecar
-from attnbench.suites.results import plain as _plain
 
 EXIT_OK, EXIT_REGRESSION, EXIT_USAGE, EXIT_NOTHING = 0, 1, 2, 3
 

@@ -1,0 +1,1 @@
+"""The speed and memory benchmark: suite file -> plan -> run -> results -> compare -> plot."""

@@ -1,1 +1,0 @@
-"""Models trained by the suites: the byte-level MLM encoder of the extrapolation experiment."""

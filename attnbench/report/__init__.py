@@ -1,1 +1,0 @@
-"""Reading results back: comparisons with a baseline, figures."""
