@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import subprocess
 import sys
 import time
@@ -26,6 +27,7 @@ from attnbench.bench.compare import compare
 
 
 def slowed(fn, factor: float):
+    @functools.wraps(fn)  # keeps fn's signature: a path receives only the keywords it declares
     def slow(*args, **kwargs):
         t0 = time.process_time()
         out = fn(*args, **kwargs)
@@ -68,7 +70,8 @@ def main() -> None:
     ap.add_argument("--factor", type=float, default=1.5)
     ap.add_argument("--out", type=Path, default=Path("runs/regression-demo"))
     args = ap.parse_args()
-    cli = [sys.executable, "-m", "attnbench", "run", "speed", "--suite", "ci", "--overwrite"]
+    cli = [sys.executable, "-m", "attnbench", "run", "speed", "--suite", "ci", "--overwrite",
+           "--no-plot"]  # fmt: skip
     for i in range(1, args.runs + 1):
         out = args.out / f"aa{i}"
         if not (out / "results.json").is_file():  # resume: finished runs are kept
@@ -86,7 +89,7 @@ def main() -> None:
         "import sys; from scripts.regression_demo import inject; "
         f"inject({args.slow!r}, {args.factor}); "
         "from attnbench.cli import main; "
-        f"sys.argv = ['attnbench', 'run', 'speed', '--suite', 'ci', '--overwrite', "
+        f"sys.argv = ['attnbench', 'run', 'speed', '--suite', 'ci', '--overwrite', '--no-plot', "
         f"'--out', {str(slow_dir)!r}]; main()"
     )
     if not (slow_dir / "results.json").is_file():

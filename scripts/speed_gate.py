@@ -15,6 +15,12 @@
    machine's speed hits both sides alike. A regression must show in both pairs (current 1 vs base
    1 confirmed by current 2, and current 2 vs base 2 confirmed by current 1).
 
+What counts as worse is ``attnbench compare``'s decision (:mod:`attnbench.bench.compare`): where
+both runs kept their per-round samples (the grids this gate runs), a Mann-Whitney U test with p <
+0.001, a change beyond 1.2x and beyond the noise the comparison itself shows; against a saved
+baseline, which has no samples file, the threshold rule it was tuned with (1.35x, p20..p80 bands
+apart), with a note saying so.
+
 A base that cannot run the grid (no ``suites/ci.toml``, an older command line, an error in its
 grid) is a warning and a skip, never a failure. The last line printed says which baseline was used
 and the verdict. Exit codes: 0 nothing worse (or skipped), 1 a regression, 2 a usage error (a
@@ -63,12 +69,21 @@ def has_previous_commit() -> bool:
     return bool(git("rev-parse", "--verify", "--quiet", "HEAD~1^{commit}").stdout.strip())
 
 
+def draws_figures(code_root: Path) -> bool:
+    """Whether the ``run speed`` of the code at ``code_root`` draws figures (and so takes
+    ``--no-plot``): the previous commit measured by the gate may predate the option."""
+    cli = code_root / "attnbench" / "cli" / "speed_cmd.py"
+    return cli.is_file() and "--no-plot" in cli.read_text()
+
+
 def run_grid(out: Path, code_root: Path) -> tuple[bool, str]:
     """The CI grid with the package at ``code_root``; (ok, one line on failure)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(code_root)
     cmd = [sys.executable, "-m", "attnbench", "run", "speed", "--suite",
            str(code_root / "suites" / "ci.toml"), "--out", str(out), "--overwrite"]  # fmt: skip
+    if draws_figures(code_root):
+        cmd.append("--no-plot")  # the gate reads the CSV only
     done = subprocess.run(cmd, cwd=code_root, env=env, capture_output=True, text=True)
     if done.returncode != 0 or not (out / "results.csv").is_file():
         lines = [ln for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
@@ -82,7 +97,7 @@ def gate_saved(baseline: Path, out: Path) -> tuple[int, str, set[str]]:
         return EXIT_USAGE, f"the CI grid failed with the current code: {why}", set()
     cmp = compare(out / "results.csv", baseline)
     confirm: list[Path] = []
-    if cmp.exit_code == EXIT_REGRESSION:
+    if cmp.exit_code == EXIT_REGRESSION or cmp.count("suspect"):
         print("speed gate: something looks worse; re-running the grid to confirm", flush=True)
         rerun = out.with_name(out.name + "-rerun")
         ok, why = run_grid(rerun, ROOT)
@@ -157,6 +172,7 @@ def report(cmp: Comparison, limit: int = 12) -> str:
     """A few lines: the headline, the warnings, what changed (worst first)."""
     out = [f"compare {cmp.current} with {cmp.baseline}: {cmp.headline()}"]
     out += [f"  warning: {w}" for w in cmp.warnings]
+    out += [f"  note: {n}" for n in cmp.notes]
     changed = cmp.shown(changes_only=True)
     for line in changed[:limit]:
         ratio = f" x{line.ratio:.2f}" if line.ratio else ""

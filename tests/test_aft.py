@@ -21,12 +21,29 @@ SIMPLE, CONV = registry.get("aft-simple"), registry.get("aft-conv")
 SHAPE = Shape(2, 2, 29, 8)
 
 
-def _check(mech, params, causal, *, shape=SHAPE, scale_k=1.0, scale_bias=1.0, dtype=torch.float32):
+def _check(
+    mech,
+    params,
+    causal,
+    *,
+    shape=SHAPE,
+    scale_k=1.0,
+    scale_bias=1.0,
+    dtype=torch.float32,
+    seed=None,
+    set_extras=None,
+):
+    """Failed verdicts (outputs and gradients, attnbench.testing's rule against the float64
+    oracle) of the default path; K and the extra inputs are scaled in float64, then rounded to
+    ``dtype`` once; ``set_extras`` overrides extra inputs (float64 values)."""
     params = mech.resolve(params)
-    inputs = make_inputs(mech, shape, params, dtype=dtype, seed=shape.seq_len)
+    seed = shape.seq_len if seed is None else seed
+    inputs = make_inputs(mech, shape, params, dtype=torch.float64, seed=seed)
     inputs["k"] = inputs["k"] * scale_k
     for e in mech.extras_for(params):
         inputs[e.name] = inputs[e.name] * scale_bias
+    inputs.update(set_extras or {})
+    inputs = {name: x.to(dtype) for name, x in inputs.items()}
     fast = mech.default_path
     with torch.no_grad():
         assert torch.isfinite(fast(**inputs, causal=causal, **params)).all()
@@ -107,6 +124,144 @@ def test_per_key_max_would_not_cancel():
     assert (labml - exact).abs().max() > 1e-2
     ours = FULL.default_path(q, k, v, causal=False, **FULL.defaults, w=w)
     torch.testing.assert_close(ours, exact)
+
+
+# -- issue 11: the separable stabiliser underflowing --------------------------------------------
+
+ISSUE_11 = Shape(1, 2, 129, 16)  # 4128 outputs: before the fix, 1 to 13 NaN in each case
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(
+    ("causal", "params"),
+    [(False, {}), (True, {}), (True, {"chunk": 8})],
+    ids=["bidir", "causal-chunk32", "causal-chunk8"],
+)
+def test_full_float16_keys_and_bias_of_std_5_at_t_129(causal, params, seed):
+    """Issue 11: float16, K and w ~ N(0, 5^2), T = 129 was NaN in every draw, both directions
+    (causal with chunk < T), while the float16 reference is finite. Now finite and within the
+    tolerance rule against the float64 oracle, outputs and gradients."""
+    failed = _check(
+        FULL,
+        params,
+        causal,
+        shape=ISSUE_11,
+        scale_k=5.0,
+        scale_bias=5.0,
+        dtype=torch.float16,
+        seed=seed,
+    )
+    assert not failed
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_full_float32_span_of_keys_and_bias_beyond_100(causal):
+    """Issue 11, float32: K and w ~ N(0, 40^2) at T = 129 (spans of K + w ~ 300) was NaN in
+    ~4 % of the entries; these go through the float64 products now."""
+    failed = _check(FULL, {"chunk": 16}, causal, shape=ISSUE_11, scale_k=40.0, scale_bias=40.0)
+    assert not failed
+
+
+def _separable_counterexample(span: float, dtype: torch.dtype, causal: bool):
+    """Inputs no per-row, per-feature (or per-key) stabiliser can handle (aft.softmax_sums): the
+    off-diagonal (row, feature) pairs have their maximum ``span`` below a_t + b_f. Causal, the
+    pattern sits in the rectangle rows {2, 3} x keys {0, 1} that chunk = 1 makes a product, with
+    the later keys 2 span further down so that the rectangle's terms are the ones that count."""
+    pattern = torch.tensor([[0.0, -span], [-span, 0.0]], dtype=torch.float64)
+    if not causal:
+        w, kf = pattern, pattern
+    else:
+        w = torch.full((4, 4), -2 * span, dtype=torch.float64)
+        w[2:, :2] = pattern
+        kf = torch.zeros(4, 2, dtype=torch.float64)
+        kf[:2] = pattern
+    t = w.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    v = torch.randn(1, 1, t, 2, generator=gen, dtype=torch.float64)
+    q = torch.randn(1, 1, t, 2, generator=gen, dtype=torch.float64)
+    inputs = {"q": q, "k": kf[None, None], "v": v, "w": w}
+    return {name: x.to(dtype) for name, x in inputs.items()}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "span"),
+    [(torch.float16, 20.0), (torch.float32, 120.0), (torch.float32, 1000.0), (torch.float64, 1e3)],
+    ids=["fp16-span20", "fp32-span120", "fp32-span1000", "fp64-span1000"],
+)
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_full_exact_where_no_separable_stabiliser_is(dtype, span, causal):
+    """The two-key counterexample of aft.softmax_sums: 0/0 before issue 11's fix. A span of 120
+    in float32 needs the float64 products, 1000 the dense recomputation (e^-1000 underflows
+    float64 too). Outputs and gradients are finite and match the float64 reference."""
+    params = {**FULL.defaults, "chunk": 1}
+    inputs = _separable_counterexample(span, dtype, causal)
+    leaves = {n: x.clone().requires_grad_(True) for n, x in inputs.items()}
+    out = FULL.default_path(**leaves, causal=causal, **params)
+    exact = FULL.reference(**{n: x.double() for n, x in inputs.items()}, causal=causal, **params)
+    torch.testing.assert_close(out.double(), exact, rtol=2 * torch.finfo(dtype).eps, atol=0)
+    out.sum().backward()
+    for name, leaf in leaves.items():
+        assert torch.isfinite(leaf.grad).all(), name
+
+
+def test_full_unit_inputs_stay_one_float32_product(monkeypatch):
+    """The certificate is free for ordinary inputs: the products are taken once, in float32;
+    only stretched inputs (K and w ~ N(0, 20^2), T = 1024) take them again in float64."""
+    from attnbench.variants.aft import full
+
+    calls = []
+    real = full._all_keys
+
+    def spy(w, kf, vf):
+        calls.append(kf.dtype)
+        return real(w, kf, vf)
+
+    monkeypatch.setattr(full, "_all_keys", spy)
+    for std, t, expected in (
+        (1.0, 256, [torch.float32]),
+        (20.0, 1024, [torch.float32, torch.float64]),
+    ):
+        inputs = make_inputs(FULL, Shape(1, 1, t, 4), FULL.defaults, dtype=torch.float64, seed=t)
+        inputs["k"], inputs["w"] = inputs["k"] * std, inputs["w"] * std
+        inputs = {n: x.half() for n, x in inputs.items()}
+        calls.clear()
+        FULL.default_path(**inputs, causal=False, **FULL.defaults)
+        assert calls == expected, std
+
+
+@pytest.mark.parametrize(
+    ("dtype", "t", "beta", "gamma", "scale_k"),
+    [
+        (torch.float16, 5, -100.0, 1.0, 1.0),
+        (torch.float32, 5, -100.0, 1.0, 1.0),
+        (torch.float16, 7, -100.0, 1.0, 20.0),
+        (torch.float32, 7, -100.0, 1.0, 20.0),
+        (torch.float16, 129, 0.0, 20.0, 1.0),
+    ],
+    ids=[
+        "fp16-beta-100",
+        "fp32-beta-100",
+        "fp16-beta-100-K20",
+        "fp32-beta-100-K20",
+        "fp16-gamma20",
+    ],
+)
+def test_conv_extreme_kernel_is_finite_and_exact(dtype, t, beta, gamma, scale_k):
+    """Issue 11 for aft-conv: a large negative beta (every key inside the kernel at T <= s: the
+    taps' e^beta underflow) was 0/0 in float16 (24 of 40 outputs) and 1.5 % off in float32;
+    gamma ~ 20 (taps up to e^60) overflowed float16 (half the outputs NaN). Now finite and within
+    the tolerance rule, outputs and gradients."""
+    heads = 2
+    gen = torch.Generator().manual_seed(t)
+    extras = {
+        "beta": torch.full((heads,), beta, dtype=torch.float64),
+        "gamma": torch.randn(heads, generator=gen, dtype=torch.float64) * gamma,
+    }
+    shape = Shape(1, heads, t, 4)
+    failed = _check(
+        CONV, {"s": 7}, False, shape=shape, scale_k=scale_k, dtype=dtype, set_extras=extras
+    )
+    assert not failed
 
 
 # -- causality ----------------------------------------------------------------------------------

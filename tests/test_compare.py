@@ -166,16 +166,37 @@ def test_new_and_missing_rows_are_reported_not_failed(tmp_path):
 
 def test_other_machine_or_nothing_in_common_exits_3(tmp_path):
     base = [reference_row(), row()]
-    c, b = pair(tmp_path, base, [reference_row(threads=2), row(threads=2)])
+    c, b = pair(tmp_path, base, [reference_row(device_name="Other CPU"), row()])
     result = compare(c, b)
     assert result.exit_code == 3
-    assert any("another machine class" in w for w in result.warnings)
+    assert any("another machine" in w for w in result.warnings)
     c, b = pair(tmp_path, base, [reference_row(torch_version="2.99.0")])
     assert compare(c, b).exit_code == 3
     c, b = pair(tmp_path, base, [row(seq_len=8)])  # no case in common
     assert compare(c, b).exit_code == 3
-    c, b = pair(tmp_path, [], [row()])
-    assert compare(c, b).exit_code == 3
+
+
+def test_another_thread_count_is_compared_with_wider_thresholds(tmp_path):
+    base = [reference_row(), row()]
+    slow = dict(ref_ratio=0.75, ref_ratio_p20=0.72, ref_ratio_p80=0.78)  # 1.5x, bands apart
+    c, b = pair(tmp_path, base, [reference_row(threads=2), row(threads=2, **slow)])
+    result = compare(c, b)
+    assert result.exit_code == 0 and result.compared == 2  # 1.5 < 1.35 ** 2
+    (warning,) = [w for w in result.warnings if "not made for comparing" in w]
+    assert "threads 1 in the baseline, 2 now" in warning
+    twice = dict(ref_ratio=1.0, ref_ratio_p20=0.98, ref_ratio_p80=1.02)  # 2x
+    c, b = pair(tmp_path, base, [reference_row(threads=2), row(threads=2, **twice)])
+    assert compare(c, b).exit_code == 1
+
+
+def test_nothing_measured_is_a_usage_error(tmp_path):
+    base = [reference_row(), row()]
+    for rows in ([], [row(status="unsupported", reason="needs CUDA")]):
+        c, b = pair(tmp_path, base, rows)
+        with pytest.raises(ValueError, match="nothing measured"):
+            compare(c, b)
+        result = runner.invoke(app, ["compare", str(b), str(c)])
+        assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_cli_exit_codes_tables_and_markdown(tmp_path):
@@ -186,7 +207,8 @@ def test_cli_exit_codes_tables_and_markdown(tmp_path):
     result = runner.invoke(app, ["compare", str(c), str(b), "--markdown", str(md)])
     assert result.exit_code == 1, result.output
     assert "worse" in result.stdout and "1 regression" in result.stdout
-    assert "local:efficient [window=64] fwd bidir n=1024" in result.stdout  # not eaten as markup
+    assert "[window=64]" in result.stdout  # not eaten as markup (the table may fold the case)
+    assert "worse: local:efficient [window=64] fwd bidir n=1024" in result.stderr
     text = md.read_text()
     assert "**worse**" in text and "| case | metric | baseline | current | ratio |" in text
     assert runner.invoke(app, ["compare", str(c), str(b), "--time-ratio", "2"]).exit_code == 0
@@ -218,7 +240,7 @@ def test_a_regression_must_repeat_in_the_confirming_rerun(tmp_path):
     fat = write(tmp_path / "fat.csv", [reference_row(), row(flops=2), row(seq_len=256)])
     assert compare(fat, base, confirm=[fat]).exit_code == 1
     # A re-run that cannot be compared is a usage error, not a silent pass.
-    other = write(tmp_path / "other.csv", [reference_row(threads=2), row(threads=2)])
+    other = write(tmp_path / "other.csv", [reference_row(torch_version="2.99"), row()])
     with pytest.raises(ValueError, match="not comparable with the baseline"):
         compare(first, base, confirm=[other])
 

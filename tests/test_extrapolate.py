@@ -184,14 +184,17 @@ def test_entropy_suite(trained, tmp_path):
     assert "c =" in res.text
 
 
-def test_entropy_cli_without_checkpoints(tmp_path):
+def test_entropy_cli_without_checkpoints(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default checkpoints folder does not exist here
     res = invoke(
-        "entropy", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "none"),
-        "--max-n", "64", "--queries", "16", "--trials", "1",
+        "entropy", "--out", str(tmp_path), "--max-n", "64", "--queries", "16", "--trials", "1",
     )  # fmt: skip
     assert res.exit_code == 0, res.output
-    assert "trained-model part is skipped" in res.output
+    assert "trained-model part" in res.output and "skipped" in res.output
     assert (tmp_path / "entropy.csv").exists()
+    # a folder named explicitly must exist: a typo is an error, not a silent skip
+    res = invoke("entropy", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "none"))
+    assert res.exit_code == 2 and "--checkpoints" in res.output and "no such folder" in res.output
 
 
 # ---------------------------------------------------------------------------------------------

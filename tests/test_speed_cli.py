@@ -113,7 +113,7 @@ def test_output_directory_problems_lose_nothing(tmp_path, suite_file):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
     cmd = ["run", "speed", "--suite", str(suite_file), "--out", str(blocker / "sub")]
-    assert "cannot write there" in one_error_line(runner.invoke(app, cmd))
+    assert "which is a file" in one_error_line(runner.invoke(app, cmd))
     out = tmp_path / "done"
     out.mkdir()
     (out / "results.csv").write_text("precious")
@@ -182,16 +182,22 @@ def mixed_results(tmp_path_factory):
     return out / "results.csv"
 
 
-def test_plot_writes_one_figure_per_direction_with_every_status(tmp_path, mixed_results):
+def test_plot_writes_time_and_memory_per_direction_with_every_status(tmp_path, mixed_results):
     df = read_results(mixed_results)
     assert set(df["status"]) == {"ok", "oom", "skipped", "unsupported"}
     out = tmp_path / "png"
     result = runner.invoke(app, ["plot", str(mixed_results), "--out", str(out)])
     assert result.exit_code == 0, result.output
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["speed-fwd-bidir.png", "speed-fwdbwd-bidir.png"]
+    assert files == [
+        "headline.png",
+        "memory-fwd-bidir.png",
+        "memory-fwdbwd-bidir.png",
+        "time-fwd-bidir.png",
+        "time-fwdbwd-bidir.png",
+    ]
     assert all((out / f).stat().st_size > 10_000 for f in files)
-    # SVG (text stays text): one direction is enough to read what the figure says.
+    # SVG (each text is also written as a comment): one direction is enough to read it.
     fwd = tmp_path / "fwd.csv"
     writer = ResultsWriter(fwd)
     for row in csv.DictReader(mixed_results.open(newline="")):
@@ -200,8 +206,12 @@ def test_plot_writes_one_figure_per_direction_with_every_status(tmp_path, mixed_
     writer.close()
     cmd = ["plot", str(fwd), "--out", str(tmp_path / "svg"), "--format", "svg"]
     assert runner.invoke(app, cmd).exit_code == 0
-    svg = (tmp_path / "svg" / "speed-fwd-bidir.svg").read_text()
-    assert "odd:fused did not run" in svg and "not measured (bottom strip)" in svg
+    svg = " ".join((tmp_path / "svg" / "time-fwd-bidir.svg").read_text().split())
+    # The oom ends odd:efficient's line with a marker the key names; the fused path that ran
+    # nowhere is one line at the foot of its panel, with the reason.
+    assert "stops: out of memory" in svg and "stops: unsupported" not in svg
+    assert "not run: 1 fused path unsupported: needs CUDA (test double)" in svg
+    assert "softmax:efficient (dense SDPA), every panel" in svg
 
 
 def test_plot_bad_input_exits_2(tmp_path, mixed_results):

@@ -6,6 +6,13 @@ and memory are taken per sequence (divided by the batch), so a sweep at a fixed 
 the batch shrinks as n grows, gives the same exponents as a sweep at a fixed batch. Dense
 attention reads about 2 (less at short n, where per-call overheads and the O(n) output dominate);
 banded, chunked and linear paths about 1 for memory.
+
+Every time exponent comes with its fit quality (``time_r2``, the r² of the log-log line) and a
+verdict, ``time_reliable``, with ``time_note`` saying why not when it is not: fewer than
+``MIN_POINTS`` lengths, more than ``MAX_NOISY_SHARE`` of the rows behind it noisy (their p20..p80
+spread over 10 % of the median: a busy machine), an r² below ``MIN_R2``, or a negative exponent
+(time that falls as n grows is overhead or noise, never a finding). Memory is measured without
+timing noise, so its exponents only need two lengths.
 """
 
 from __future__ import annotations
@@ -35,9 +42,19 @@ COLUMNS: tuple[str, ...] = (
     "n_min",
     "n_max",
     "time_exponent",
+    "time_r2",
+    "time_reliable",
+    "time_note",
     "mem_fwd_exponent",
     "mem_fwdbwd_exponent",
 )
+
+#: Lengths a time exponent needs to be read as one.
+MIN_POINTS = 3
+#: The log-log fit of a reliable time exponent explains at least this share of the variance.
+MIN_R2 = 0.95
+#: Above this share of noisy rows behind it, a time exponent is not reliable.
+MAX_NOISY_SHARE = 1 / 3
 
 
 def slope(n: np.ndarray, y: np.ndarray) -> float:
@@ -47,6 +64,32 @@ def slope(n: np.ndarray, y: np.ndarray) -> float:
     if len(np.unique(n)) < 2:
         return math.nan
     return float(np.polyfit(np.log(n), np.log(y), 1)[0])
+
+
+def r_squared(n: np.ndarray, y: np.ndarray) -> float:
+    """The r² of the least-squares line of log y against log n; NaN below three points."""
+    keep = np.isfinite(y) & (y > 0)
+    x, z = np.log(n[keep]), np.log(y[keep])
+    if len(np.unique(x)) < 3:
+        return math.nan
+    fitted = np.polyval(np.polyfit(x, z, 1), x)
+    total = float(((z - z.mean()) ** 2).sum())
+    return 1.0 - float(((z - fitted) ** 2).sum()) / total if total > 0 else math.nan
+
+
+def time_verdict(exponent: float, r2: float, points: int, noisy_share: float) -> str:
+    """Why a time exponent is not reliable ("" when it is)."""
+    if points < MIN_POINTS:
+        return f"{points} length{'s' if points != 1 else ''} (a trend needs {MIN_POINTS})"
+    if not math.isfinite(exponent):
+        return "no fit"
+    if exponent < 0:
+        return "time fell as n grew: overhead or noise, not a trend"
+    if noisy_share > MAX_NOISY_SHARE:
+        return f"{noisy_share:.0%} of its timings noisy (a busy machine)"
+    if not r2 >= MIN_R2:
+        return f"poor log-log fit (r² {r2:.2f} < {MIN_R2})"
+    return ""
 
 
 def fit_exponents(rows: pd.DataFrame) -> pd.DataFrame:
@@ -61,13 +104,21 @@ def fit_exponents(rows: pd.DataFrame) -> pd.DataFrame:
         def per_seq(col: str, g=g, batch=batch) -> np.ndarray:
             return g[col].to_numpy(dtype=np.float64, na_value=np.nan) / batch
 
+        points = int(len(np.unique(n)))
+        time = per_seq("time_median_ms")
+        exponent, r2 = slope(n, time), r_squared(n, time)
+        noisy = g["noisy"].fillna(False).astype(bool) if "noisy" in g else pd.Series([False])
+        note = time_verdict(exponent, r2, points, float(noisy.mean()))
         out.append(
             {
                 **dict(zip(SERIES, key, strict=True)),
-                "points": int(len(np.unique(n))),
+                "points": points,
                 "n_min": int(n.min()),
                 "n_max": int(n.max()),
-                "time_exponent": slope(n, per_seq("time_median_ms")),
+                "time_exponent": exponent,
+                "time_r2": r2,
+                "time_reliable": not note,
+                "time_note": note,
                 "mem_fwd_exponent": slope(n, per_seq("mem_fwd_bytes")),
                 "mem_fwdbwd_exponent": slope(n, per_seq("mem_fwdbwd_bytes")),
             }

@@ -4,14 +4,26 @@ The columns are documented in the README ("Speed results: the columns"). Convent
 milliseconds per call; memory in bytes; FLOPs per call; ``roofline`` = achieved FLOP/s over the
 matmul rate measured in the same run; empty cells where a value does not apply (a row that did not
 run has a ``status`` other than ``ok`` and a ``reason``).
+
+Beside the CSV, the *samples file* (``samples.jsonl``, named in the sidecar's ``files``) keeps
+what the medians were taken from: one JSON line per measured case, written and flushed with its
+row, holding the case's key columns and its per-round samples (``time_ms``; ``ref_ratio``, the
+time over the reference's in the same round; ``matmul_ratio``, over the matmul timed in the same
+round). ``attnbench compare`` tests these samples (:mod:`attnbench.bench.compare`).
+
+A run killed while writing leaves a half-written last line; both readers drop it with a warning
+(it is not data), and both writers cut it off before appending (``--resume``).
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -83,6 +95,12 @@ KEY: tuple[str, ...] = (
 
 STATUSES = ("ok", "oom", "unsupported", "error", "skipped")
 
+#: The samples file beside the results CSV (its name is also in the sidecar's ``files``).
+SAMPLES_NAME = "samples.jsonl"
+
+#: Receives one-line warnings from the readers (a half-written last line that was dropped).
+Warn = Callable[[str], None]
+
 _INT = ("threads", "batch", "heads", "kv_heads", "seq_len", "head_dim", "value_dim", "samples")
 _INT += ("calls_per_sample", "flops", "mem_fwd_bytes", "mem_fwdbwd_bytes")
 _FLOAT = ("time_median_ms", "time_p20_ms", "time_p80_ms", "first_call_ms", "ref_ratio")
@@ -109,13 +127,24 @@ def params_text(params: Mapping[str, Any]) -> str:
     return ";".join(f"{k}={cell(v) if isinstance(v, float) else v}" for k, v in items)
 
 
+def cut_unterminated_line(path: Path) -> None:
+    """Truncate a file after its last newline: a line a killed run left half-written."""
+    with path.open("rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+
+
 class ResultsWriter:
     """Appends rows to a new CSV, flushing after each one so nothing finished is ever lost."""
 
     def __init__(self, path: Path, append: bool = False) -> None:
-        """``append``: continue an existing results file (its header is kept)."""
+        """``append``: continue an existing results file (its header is kept; a half-written
+        last row is cut off first)."""
         self.path = path
         append = append and path.is_file() and path.stat().st_size > 0
+        if append:
+            cut_unterminated_line(path)
         self._file: TextIO = path.open("a" if append else "w", newline="", encoding="utf-8")
         self._csv = csv.writer(self._file)
         if not append:
@@ -163,14 +192,39 @@ def read_sidecar(csv_path: Path) -> dict[str, Any] | None:
         raise AttnbenchError(f"{side}: not a readable JSON sidecar ({e})") from None
 
 
-def read_results(path: Path | str) -> pd.DataFrame:
-    """A results CSV as a DataFrame with typed columns; one-line errors for anything else."""
+def warn_on_stderr(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def _without_incomplete_last_row(path: Path, text: str, warn: Warn) -> str:
+    """``text`` less a last row that a killed run left half-written: unterminated, or with
+    another number of fields than the header."""
+    body = text.split("\n", 1)[1] if "\n" in text else ""
+    if not body.strip():
+        return text
+    if not text.endswith("\n"):
+        cut = text.rfind("\n") + 1
+        why = "has no line end"
+    else:
+        last = text.rstrip("\r\n").rsplit("\n", 1)[-1]
+        fields = next(csv.reader([last]), [])
+        if len(fields) == len(COLUMNS):
+            return text
+        cut = text.rstrip("\r\n").rfind("\n") + 1
+        why = f"has {len(fields)} fields, not {len(COLUMNS)}"
+    warn(f"{path}: the last row {why} (a run stopped while writing it?): dropped, not read")
+    return text[:cut]
+
+
+def read_results(path: Path | str, warn: Warn = warn_on_stderr) -> pd.DataFrame:
+    """A results CSV as a DataFrame with typed columns; one-line errors for anything else.
+    A half-written last row is dropped, and ``warn`` told."""
     path = Path(path)
     if not path.is_file():
         raise AttnbenchError(f"{path}: no such file; give a results CSV written by attnbench run")
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            header = next(csv.reader(f), [])
+        text = path.read_bytes().decode("utf-8")
+        header = next(csv.reader(io.StringIO(text, newline="")), [])
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise AttnbenchError(f"{path}: not an attnbench results CSV ({e})") from None
     if tuple(header) != COLUMNS:
@@ -192,8 +246,9 @@ def read_results(path: Path | str) -> pd.DataFrame:
             f"{path}: results schema differs from this attnbench ({'; '.join(detail)}); "
             "re-run the suite with this version"
         )
+    text = _without_incomplete_last_row(path, text, warn)
     try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+        df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, ValueError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise AttnbenchError(f"{path}: malformed CSV ({first})") from None
@@ -216,3 +271,101 @@ def read_results(path: Path | str) -> pd.DataFrame:
             f"accepted: {', '.join(STATUSES)}"
         )
     return df
+
+
+# --------------------------------------------------------------------------------------------
+# The samples file
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CaseSamples:
+    """One case's per-round samples: times (ms per call) and the same-round ratios to the
+    reference (None without one) and to the matmul."""
+
+    time_ms: tuple[float, ...]
+    ref_ratio: tuple[float, ...] | None = None
+    matmul_ratio: tuple[float, ...] | None = None
+
+
+def _rounded(values: Sequence[float] | None) -> list[float] | None:
+    return None if values is None else [float(f"{v:.6g}") for v in values]
+
+
+class SamplesWriter:
+    """Appends one JSON line per measured case (its key columns and per-round samples),
+    flushing after each one, as :class:`ResultsWriter` does for rows."""
+
+    def __init__(self, path: Path, append: bool = False) -> None:
+        self.path = path
+        append = append and path.is_file()
+        if append:
+            cut_unterminated_line(path)
+        self._file: TextIO = path.open("a" if append else "w", encoding="utf-8")
+
+    def write(self, row: Mapping[str, Any], samples: CaseSamples) -> None:
+        record = {c: row.get(c) for c in KEY}
+        record.update(
+            time_ms=_rounded(samples.time_ms),
+            ref_ratio=_rounded(samples.ref_ratio),
+            matmul_ratio=_rounded(samples.matmul_ratio),
+        )
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def samples_path(csv_path: Path) -> Path | None:
+    """The samples file the sidecar names (beside the CSV); None when it names none."""
+    side = read_sidecar(csv_path)
+    name = ((side or {}).get("files") or {}).get("samples")
+    return csv_path.parent / name if name else None
+
+
+def _floats(record: Mapping[str, Any], name: str) -> tuple[float, ...] | None:
+    values = record.get(name)
+    if values is None:
+        return None
+    if not isinstance(values, list) or not all(isinstance(v, int | float) for v in values):
+        raise ValueError(f"{name} is not a list of numbers")
+    return tuple(float(v) for v in values)
+
+
+def _case_samples(record: Any) -> tuple[tuple[str, ...], CaseSamples]:
+    if not isinstance(record, dict) or any(c not in record for c in KEY):
+        raise ValueError("not an object with the results' key columns")
+    times = _floats(record, "time_ms")
+    if not times:
+        raise ValueError("no time_ms samples")
+    samples = CaseSamples(times, _floats(record, "ref_ratio"), _floats(record, "matmul_ratio"))
+    return row_key(record), samples
+
+
+def read_samples(
+    csv_path: Path, warn: Warn = warn_on_stderr
+) -> dict[tuple[str, ...], CaseSamples] | None:
+    """The per-round samples of a results CSV by case key (:func:`row_key`); None when it has
+    no samples file (older results, the committed baselines). A half-written last line is
+    dropped, and ``warn`` told."""
+    path = samples_path(csv_path)
+    if path is None or not path.is_file():
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise AttnbenchError(f"{path}: not a readable samples file ({e})") from None
+    lines = text.split("\n")
+    if lines[-1].strip():
+        warn(f"{path}: the last line has no line end (a run stopped while writing it?): dropped")
+    out: dict[tuple[str, ...], CaseSamples] = {}
+    for number, line in enumerate(lines[:-1], start=1):
+        if not line.strip():
+            continue
+        try:
+            key, samples = _case_samples(json.loads(line))
+        except ValueError as e:
+            raise AttnbenchError(f"{path}:{number}: not an attnbench samples line ({e})") from None
+        out[key] = samples
+    return out

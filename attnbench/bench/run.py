@@ -45,7 +45,10 @@ from attnbench.bench.config import SpeedSuite, reference_pair
 from attnbench.bench.plan import Case, Group, plan, unsupported_reason
 from attnbench.bench.results import (
     COLUMNS,
+    SAMPLES_NAME,
+    CaseSamples,
     ResultsWriter,
+    SamplesWriter,
     params_text,
     plain,
     read_results,
@@ -61,11 +64,12 @@ from attnbench.measure.timing import (
     Clock,
     WarmUp,
     block_calls,
-    paired_ratio,
+    per_round_ratios,
     retain_freed_memory,
     stats,
     warm_up,
 )
+from attnbench.outputs import ensure_dir
 from attnbench.spec import Mechanism
 
 SCHEMA_VERSION = 1
@@ -237,8 +241,8 @@ class SpeedRun:
 
 def prepare_out_dir(out: FilePath, overwrite: bool) -> None:
     """Create ``out`` and make sure it can be written; never clobber results unless told."""
+    ensure_dir(out, "--out folder")
     try:
-        out.mkdir(parents=True, exist_ok=True)
         probe = out / ".attnbench-write-test"
         probe.write_text("")
         probe.unlink()
@@ -278,6 +282,7 @@ class _Runner:
         self.skip: dict[tuple, str] = {}  # series -> why its longer lengths are skipped
         self.stopped: str | None = None  # why the sweep ended early (not Ctrl-C)
         self.previous: dict[tuple[str, ...], str] = {}  # a resumed run's row keys -> status
+        self.samples_writer: SamplesWriter | None = None  # per-round samples of every ok row
 
     def resume_from(self, rows: list[dict[str, Any]]) -> None:
         """Take the rows of an earlier, unfinished run of the same suite: their cases are not
@@ -511,8 +516,10 @@ class _Runner:
                 mem_method=method,
             )
             ref = refs.get(case.direction)
+            ref_ratios = None
             if ref is not None and len(ref.samples) == len(m.samples):
-                r = paired_ratio(m.samples, ref.samples)
+                ref_ratios = per_round_ratios(m.samples, ref.samples)
+                r = stats(ref_ratios)
                 values.update(
                     reference=f"{self.ref[0]}:{self.ref[1]}",
                     ref_ratio=r.median,
@@ -529,6 +536,7 @@ class _Runner:
                 ]
                 row["roofline"] = stats(per_round).median
             self._emit(case, row)
+            self._write_samples(row, m.samples, ref_ratios, anchor_samples)
             limit = self.suite.max_call_s
             n = case.shape.seq_len
             longer = [x for x in self.suite.lengths if x > n]
@@ -545,6 +553,20 @@ class _Runner:
                     f"{predicted:.2g} s predicted at n={min(longer) if longer else n} "
                     f"(suite limit max_call_s = {limit:g})"
                 )
+
+    def _write_samples(
+        self,
+        row: Mapping[str, Any],
+        samples: list[float],
+        ref_ratios: list[float] | None,
+        anchor_samples: list[float],
+    ) -> None:
+        """The row's per-round samples, into the samples file (what ``compare`` tests)."""
+        if self.samples_writer is None:
+            return
+        times_ms = [x * 1e3 for x in samples]
+        matmul = per_round_ratios(samples, anchor_samples)
+        self.samples_writer.write(row, CaseSamples(times_ms, ref_ratios, matmul))
 
     # -- the sweep -----------------------------------------------------------------------------
     def run(self) -> bool:
@@ -619,14 +641,16 @@ def run_speed(
         "versions": machine.versions(),
         "git": machine.git_state(),
         "conventions": CONVENTIONS,
-        "files": {"rows": CSV_NAME, "complexity": COMPLEXITY_NAME},
+        "files": {"rows": CSV_NAME, "complexity": COMPLEXITY_NAME, "samples": SAMPLES_NAME},
     }
     if device.type == "cuda":
         sidecar["cuda"] = cuda_state(suite, device)
     _write_json(side_path, sidecar)
     writer = ResultsWriter(csv_path, append=bool(previous))
+    samples_writer = SamplesWriter(out_dir / SAMPLES_NAME, append=bool(previous))
     total = sum(len(g.cases) for g in groups)
     runner = _Runner(suite, groups, writer, reporter, ref, threads)
+    runner.samples_writer = samples_writer
     if previous:
         runner.resume_from(previous)
         sidecar["resumed_with_rows"] = len(previous)
@@ -635,6 +659,7 @@ def run_speed(
         interrupted = runner.run()
     finally:
         writer.close()
+        samples_writer.close()
         torch.set_num_threads(threads_before)
         reporter.finish()
     wall = time.perf_counter() - started
@@ -782,7 +807,11 @@ def summary_rows(run: SpeedRun) -> list[dict[str, Any]]:
                 roofline=top["roofline"],
                 mem_fwd=top["mem_fwd_bytes"],
                 mem_fwdbwd=top["mem_fwdbwd_bytes"],
-                time_exp=fit["time_exponent"].iloc[0] if len(fit) else None,
+                # an exponent the fit cannot vouch for is not printed as a finding
+                time_exp=fit["time_exponent"].iloc[0]
+                if len(fit) and fit["time_reliable"].iloc[0]
+                else None,
+                time_exp_note=fit["time_note"].iloc[0] if len(fit) else "",
                 mem_exp=fit["mem_fwd_exponent"].iloc[0] if len(fit) else None,
                 mem_bwd_exp=fit["mem_fwdbwd_exponent"].iloc[0] if len(fit) else None,
             )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import signal
+import sys
 from typing import Annotated
 
 import typer
 
 from attnbench import __version__
-from attnbench.cli import check_cmd, compare, list_cmd, plot, show
-from attnbench.cli.common import Group
+from attnbench.cli import check_cmd, compare, export, list_cmd, plot, show
+from attnbench.cli.common import INTERRUPTED, USAGE_ERROR, Group
 from attnbench.cli.run import run_app
 
 app = typer.Typer(
@@ -41,7 +43,34 @@ app.command("show")(show.show)
 app.add_typer(run_app, name="run")
 app.command("plot")(plot.plot_cmd)
 app.command("compare")(compare.compare_cmd)
+app.command("export")(export.export_cmd)
+
+
+# Typer may vendor its own click (typer._click): take click's exception classes from Typer's own
+# public exceptions rather than from the click package.
+_MRO = {cls.__name__: cls for cls in typer.BadParameter.__mro__}
+UsageError, ClickException = _MRO["UsageError"], _MRO["ClickException"]
 
 
 def main() -> None:
-    app()
+    """The ``attnbench`` executable: SIGTERM (what ``timeout``, CI cancellation and schedulers
+    send) stops a command the way Ctrl-C does; usage errors are one line, like every other error."""
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        code = app(standalone_mode=False)
+    except UsageError as e:
+        where = e.ctx.command_path if e.ctx is not None else "attnbench"
+        message = e.format_message().rstrip(".")
+        typer.echo(f"error: {message} (see `{where} --help`)", err=True)
+        sys.exit(USAGE_ERROR)
+    except ClickException as e:
+        typer.echo(f"error: {e.format_message()}", err=True)
+        sys.exit(e.exit_code)
+    except typer.Abort:
+        typer.echo("stopped", err=True)
+        sys.exit(INTERRUPTED)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt

@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import torch
 import typer
-from rich.table import Table
 
-from attnbench import registry
-from attnbench.api import check_tensors
 from attnbench.cli.common import out, parse_params
 from attnbench.errors import AttnbenchError
-from attnbench.inputs import make_inputs
-from attnbench.spec import Shape
-from attnbench.testing import compare_paths
 
-DTYPES = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+if TYPE_CHECKING:
+    from attnbench.spec import Shape
+
+# torch and the registry are imported inside the command: `--help` must not wait for them.
+DTYPES = ("float64", "float32", "float16", "bfloat16")
 DEVICES = ("cpu", "cuda")
 
 
@@ -50,6 +42,15 @@ def check(
 
     Example: [bold]attnbench check softmax-logn --param base=e --causal --n 257[/bold]
     """
+    import torch
+    from rich.table import Table
+
+    from attnbench import registry
+    from attnbench.api import check_tensors
+    from attnbench.inputs import make_inputs
+    from attnbench.spec import Shape
+    from attnbench.testing import compare_paths
+
     mech = registry.get(name)
     params = mech.resolve(parse_params(param))
     if dtype not in DTYPES:
@@ -65,14 +66,16 @@ def check(
     # cannot run here are listed as skipped, with the reason.
     paths = (
         [
-            mech.require(p, device=device, dtype=DTYPES[dtype], backward=mech.backward)
+            mech.require(p, device=device, dtype=getattr(torch, dtype), backward=mech.backward)
             for p in path
         ]
         if path
         else [p for p in mech.paths if p.kind != "reference"]
     )
     shape = mech.shape_for(Shape(batch, heads, n, head_dim), params)
-    inputs = make_inputs(mech, shape, params, dtype=DTYPES[dtype], device=device, seed=seed)
+    if device == "cpu":
+        refuse_if_too_big(shape)
+    inputs = make_inputs(mech, shape, params, dtype=getattr(torch, dtype), device=device, seed=seed)
     check_tensors(mech, inputs["q"], inputs["k"], inputs["v"])
     direction = "causal" if causal else "bidirectional"
     table = Table(title=f"{mech.name} {shape.tag()} {direction} {dtype} {device}")
@@ -82,7 +85,7 @@ def check(
     kwargs = {"causal": causal, **params}
     for p in paths:
         reasons = mech.not_supported_reasons(
-            p, device=device, dtype=DTYPES[dtype], backward=mech.backward
+            p, device=device, dtype=getattr(torch, dtype), backward=mech.backward
         )
         reason = "; ".join(reasons)
         if reason:
@@ -110,3 +113,28 @@ def check(
     out.print(table)
     if failed:
         raise typer.Exit(1)
+
+
+#: Dense n x n float64 tensors alive at once in the reference's forward and backward (scores,
+#: probabilities, their gradients): what ``check`` needs memory for.
+DENSE_COPIES = 4
+
+
+def refuse_if_too_big(shape: Shape) -> None:
+    """The float64 oracle builds B x H x n x n; refuse, with what fits, before allocating it."""
+    from attnbench.measure import machine
+
+    available = machine.available_memory_bytes()
+    if available is None:
+        return
+    per_square = DENSE_COPIES * 8 * shape.batch * shape.heads  # bytes per (query, key) pair
+    need = per_square * shape.seq_len**2
+    if need <= 0.8 * available:
+        return
+    longest = int((0.8 * available / per_square) ** 0.5)
+    raise AttnbenchError(
+        f"--n {shape.seq_len}: the dense float64 reference builds batch x heads x n x n scores, "
+        f"about {need / 2**30:.0f} GiB with its backward, and this machine has "
+        f"{available / 2**30:.1f} GiB available; accepted here: --n up to about {longest} "
+        "(or fewer --heads / --batch)"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -10,11 +11,12 @@ from typer.core import TyperGroup
 
 from attnbench.errors import AttnbenchError
 
-#: Data goes to stdout (wide when piped, so tables do not fold); messages go to stderr.
-out = Console() if sys.stdout.isatty() else Console(width=200)
+#: Data goes to stdout (the terminal's width; when piped, $COLUMNS or 120); messages to stderr.
+out = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS") or 120))
 err = Console(stderr=True)
 
 USAGE_ERROR = 2
+INTERRUPTED = 130  # the shell's code for a command stopped by Ctrl-C (128 + SIGINT)
 
 
 def fail(message: str) -> typer.Exit:
@@ -32,14 +34,35 @@ class Group(TyperGroup):
             return super().invoke(ctx)
         except AttnbenchError as e:
             raise fail(str(e)) from None
+        except OSError as e:  # a file that cannot be read or written: full disk, permissions...
+            raise fail(os_error_line(e)) from None
+        except MemoryError:
+            raise fail(
+                "out of memory: this machine cannot hold what was asked; try a shorter --n, "
+                "a smaller batch or fewer heads"
+            ) from None
 
 
-def parse_params(items: list[str] | None) -> dict[str, str]:
-    """``["k=8", "base=e"]`` -> ``{"k": "8", "base": "e"}``; values are parsed by the mechanism."""
+def os_error_line(e: OSError) -> str:
+    """``cannot write runs/x/results.csv: No space left on device`` from any OSError."""
+    what = e.strerror or str(e) or type(e).__name__
+    if e.filename is None:
+        return what
+    where = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 else "")
+    return f"{where}: {what}"
+
+
+def parse_params(
+    items: list[str] | None, option: str = "--param", example: str = "base=e"
+) -> dict[str, str]:
+    """``["k=8", "base=e"]`` -> ``{"k": "8", "base": "e"}``; values are parsed by the mechanism.
+    ``option`` and ``example`` name the flag in the error message."""
     params = {}
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise AttnbenchError(f"--param {item!r} is not NAME=VALUE (e.g. --param base=e)")
+            raise AttnbenchError(
+                f"{option} {item!r} is not NAME=VALUE (e.g. {option} {example})"
+            )
         params[key.strip()] = value.strip()
     return params

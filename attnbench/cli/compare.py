@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -13,9 +14,14 @@ from attnbench.bench.compare import (
     MEM_SLACK_BYTES,
     MEM_TOLERANCE,
     MEM_TOLERANCE_OTHER,
+    MIN_EFFECT,
+    P_VALUE,
     REF_TIME_RATIO,
     TIME_RATIO,
+    Comparison,
+    Line,
     Thresholds,
+    as_json,
     compare,
     markdown,
 )
@@ -25,10 +31,13 @@ from attnbench.errors import AttnbenchError
 STYLE = {
     "worse": "bold red",
     "unconfirmed": "yellow",
+    "suspect": "yellow",
     "better": "green",
     "new": "cyan",
     "missing": "yellow",
 }
+
+FORMATS = ("table", "json")
 
 
 def compare_cmd(
@@ -45,8 +54,24 @@ def compare_cmd(
     markdown_file: Annotated[
         Path | None, typer.Option("--markdown", help="Also write the comparison as markdown.")
     ] = None,
+    output_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="table (for people) or json (the comparison on stdout, messages on stderr).",
+        ),
+    ] = "table",
+    p_value: Annotated[
+        float,
+        typer.Option(help="With samples: the U test's one-sided p must be below this."),
+    ] = P_VALUE,
+    min_effect: Annotated[
+        float,
+        typer.Option(help="With samples: the ratio of medians must exceed this factor too."),
+    ] = MIN_EFFECT,
     time_ratio: Annotated[
-        float, typer.Option(help="A time ratio to the reference must grow by more than this.")
+        float,
+        typer.Option(help="Without samples: a time ratio to the reference must grow by more."),
     ] = TIME_RATIO,
     ref_time_ratio: Annotated[
         float, typer.Option(help="The reference's own time (x matmul rate) threshold.")
@@ -74,17 +99,30 @@ def compare_cmd(
 ) -> None:
     """Compare a speed run with a baseline: time as ratio to the reference, FLOPs, memory.
 
+    Time is worse when a Mann-Whitney U test of the per-round samples gives p < --p-value, the
+    ratio of medians exceeds --min-effect, and the change is beyond the noise this comparison
+    shows, in two cases of a path (one case alone: reported as suspect; a --confirm re-run that
+    shows it again makes it a regression). Results without a samples file fall back to
+    --time-ratio with p20..p80 bands apart.
+
     Exit code 0: nothing worse; 1: a regression; 2: usage error; 3: nothing comparable
-    (e.g. a baseline from another machine class or torch version: a warning, not a failure).
+    (e.g. a baseline from another machine or torch version: a warning, not a failure).
 
     The terminal table shows what changed (--all: everything); --markdown writes every time
-    line too. With --confirm, something worse in CURRENT alone is reported as unconfirmed.
+    line too; --format json prints the whole comparison as JSON on stdout. With --confirm,
+    something worse in CURRENT alone is reported as unconfirmed.
 
     Example: [bold]attnbench compare runs/ci/results.csv runs/ci-before/results.csv[/bold]
     """
-    for name, value in (("--time-ratio", time_ratio), ("--ref-time-ratio", ref_time_ratio)):
+    if output_format not in FORMATS:
+        raise AttnbenchError(f"--format {output_format!r}: accepted: {', '.join(FORMATS)}")
+    factors = (("--time-ratio", time_ratio), ("--ref-time-ratio", ref_time_ratio),
+               ("--min-effect", min_effect))  # fmt: skip
+    for name, value in factors:
         if not value > 1:
             raise AttnbenchError(f"{name} {value}: accepted: a factor > 1 (e.g. 1.3)")
+    if not 0 < p_value < 0.5:
+        raise AttnbenchError(f"--p-value {p_value}: accepted: a probability in (0, 0.5)")
     for name, value in (("--mem-tolerance", mem_tolerance), ("--mem-slack", mem_slack)):
         if value < 0:
             raise AttnbenchError(f"{name} {value}: accepted: a number >= 0")
@@ -95,16 +133,32 @@ def compare_cmd(
         mem_slack_bytes=mem_slack,
         mem_tolerance_other=mem_tolerance_other,
         require_separation=separation,
+        p_value=p_value,
+        min_effect=min_effect,
     )
     result = compare(current, baseline, thresholds, confirm or ())
     if markdown_file is not None:
-        try:
-            markdown_file.parent.mkdir(parents=True, exist_ok=True)
-            markdown_file.write_text(markdown(result, show_all), encoding="utf-8")
-        except OSError as e:
-            msg = f"--markdown {markdown_file}: cannot write there ({e.strerror})"
-            raise AttnbenchError(msg) from None
-    table = Table(title=f"attnbench compare: {result.headline()}", caption=thresholds.describe())
+        _write_markdown(markdown_file, result, show_all)
+    if output_format == "json":
+        typer.echo(json.dumps(as_json(result), indent=2))
+        _print_messages(result)
+        raise typer.Exit(result.exit_code)
+    _print_table(result, show_all)
+    _print_messages(result)
+    out.print(f"attnbench compare: {result.headline()}", soft_wrap=True)
+    raise typer.Exit(result.exit_code)
+
+
+def _write_markdown(path: Path, result: Comparison, show_all: bool) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(markdown(result, show_all), encoding="utf-8")
+    except OSError as e:
+        raise AttnbenchError(f"--markdown {path}: cannot write there ({e.strerror})") from None
+
+
+def _print_table(result: Comparison, show_all: bool) -> None:
+    table = Table(title=f"attnbench compare: {result.headline()}", caption=result.describe())
     for col in ("case", "metric", "baseline", "current", "ratio", "verdict", "note"):
         table.add_column(col, justify="right" if col == "ratio" else "left", overflow="fold")
     changes = result.shown(show_all, changes_only=True)
@@ -113,22 +167,33 @@ def compare_cmd(
         ratio = f"{ln.ratio:.3f}" if ln.ratio is not None else ""
         verdict = f"[{style}]{ln.verdict}[/{style}]" if style else ln.verdict
         cells = (ln.case, ln.metric, ln.baseline, ln.current)
-        table.add_row(*map(escape, cells), ratio, verdict, escape(ln.note))
+        table.add_row(*map(escape, cells), ratio, verdict, escape(_detail(ln)))
     quiet = len(result.lines) - len(changes)
     if changes:
         out.print(table)
     if quiet:
         out.print(f"{quiet} more quantities unchanged or not run (--all shows them)")
+
+
+def _detail(ln: Line) -> str:
+    """The note, and the U test's p when it judged the quantity (``p 2e-05, U test 9+9
+    rounds``; the threshold rule is named once, in a note below the table)."""
+    how = f"p {ln.p_value:.2g}, {ln.test}" if ln.p_value is not None else ""
+    return "; ".join(x for x in (ln.note, how) if x)
+
+
+def _print_messages(result: Comparison) -> None:
+    """Warnings, notes, then one line per regression on stderr (last, so that a log cut to its
+    tail still says what failed)."""
     for w in result.warnings:
-        err.print(f"[yellow]warning:[/yellow] {w}")
-    # Last, so that a log cut to its tail still says what failed.
+        err.print(f"[yellow]warning:[/yellow] {escape(w)}", soft_wrap=True)
+    for n in result.notes:
+        err.print(f"note: {escape(n)}", soft_wrap=True)
     for ln in result.lines:
-        if ln.verdict in ("worse", "unconfirmed"):
+        if ln.verdict in ("worse", "unconfirmed", "suspect"):
             ratio = f" ({ln.ratio:.3f}x)" if ln.ratio is not None else ""
             err.print(
                 f"{ln.verdict}: {escape(ln.case)}: {escape(ln.metric)} {escape(ln.baseline)} -> "
                 f"{escape(ln.current)}{ratio}",
                 soft_wrap=True,
             )
-    out.print(f"attnbench compare: {result.headline()}", soft_wrap=True)
-    raise typer.Exit(result.exit_code)

@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from attnbench.cli.common import err, fail, out, parse_params
+from attnbench.errors import AttnbenchError
 
 INTERRUPTED = 130
 
@@ -101,6 +102,13 @@ def extrapolate(
             help="Any setting as SECTION.FIELD=VALUE (e.g. train.min_lr_ratio=0.05). Repeatable.",
         ),
     ] = None,
+    tensorboard: Annotated[
+        Path | None,
+        typer.Option(
+            help="Also log the training curves to TensorBoard in this folder (needs "
+            "pip install tensorboard; curves.csv is written either way)."
+        ),
+    ] = None,
 ) -> None:
     """Train a byte-level MLM encoder at one length and measure accuracy at longer ones.
 
@@ -117,6 +125,10 @@ def extrapolate(
     from attnbench.extrapolation.run import RunOptions, run_extrapolate
     from attnbench.extrapolation.train import Interrupted
 
+    if tensorboard is not None:
+        from attnbench.extrapolation.curves import require_tensorboard
+
+        require_tensorboard()
     cfg = load_preset(preset)
     values = _overrides(
         run__seeds=seeds,
@@ -140,7 +152,7 @@ def extrapolate(
         eval__lengths=eval_lengths,
         eval__tokens=eval_tokens,
     )
-    for key, value in parse_params(set_).items():
+    for key, value in parse_params(set_, "--set", "train.steps=500").items():
         values[key] = value
     cfg = cfg.override(values)
     if sum((resume, eval_only, overwrite)) > 1:
@@ -155,6 +167,7 @@ def extrapolate(
         impl_params=parse_params(param),
         log=lambda msg: err.print(msg, markup=False, highlight=False),
         progress=default_progress,
+        tensorboard=tensorboard,
     )
     try:
         result = run_extrapolate(cfg, opts)
@@ -204,6 +217,11 @@ def entropy(
     from attnbench.extrapolation.entropy import EntropyOptions, run_entropy
 
     cfg = load_preset(preset)
+    if checkpoints is not None and not checkpoints.is_dir():
+        raise AttnbenchError(
+            f"--checkpoints {checkpoints}: no such folder; accepted: the checkpoints folder of "
+            f"`attnbench run extrapolate` (default runs/extrapolate/{cfg.preset}/checkpoints)"
+        )
     opts = EntropyOptions(
         out=out_dir or Path("runs") / "entropy" / cfg.preset,
         checkpoints=checkpoints or Path("runs") / "extrapolate" / cfg.preset / "checkpoints",

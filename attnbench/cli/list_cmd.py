@@ -6,15 +6,15 @@ import csv
 import json
 import sys
 from enum import Enum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import torch
 import typer
 from rich.table import Table
 
-from attnbench import registry
 from attnbench.cli.common import out
-from attnbench.spec import Mechanism
+
+if TYPE_CHECKING:
+    from attnbench.spec import Mechanism
 
 
 class Format(str, Enum):
@@ -59,11 +59,47 @@ def _plain(value: Any) -> Any:
 
 
 def _paths_cell(entry: dict[str, Any]) -> str:
-    cells = []
+    """The paths that run here on one line; those that cannot, folded by reason into one more."""
+    here = [p["name"] for p in entry["paths"] if p["available"]]
+    by_reason: dict[str, list[str]] = {}
     for p in entry["paths"]:
-        label = p["name"] if p["name"] == p["kind"] else f"{p['name']} ({p['kind']})"
-        cells.append(label if p["available"] else f"[dim]{label}: {p['reason']}[/dim]")
-    return "\n".join(cells)
+        if not p["available"]:
+            by_reason.setdefault(_short_reason(p["reason"]), []).append(p["name"])
+    lines = [", ".join(here) or "[yellow]none here[/yellow]"]
+    for reason, names in by_reason.items():
+        lines.append(f"[dim]not here ({reason}): {', '.join(names)}[/dim]")
+    return "\n".join(lines)
+
+
+def _short_reason(reason: str) -> str:
+    """``needs CUDA (no GPU visible to torch)`` -> ``needs CUDA``: the folded line's label."""
+    return reason.split(" (", 1)[0]
+
+
+#: From this terminal width the table has description and source columns (always in
+#: ``--format json|csv``); below ``TABLE`` columns each mechanism is a short block of lines.
+WIDE = 140
+TABLE = 110
+
+
+def _directions(e: dict[str, Any]) -> str:
+    both = e["causal"] and e["bidirectional"]
+    return "causal + bidir" if both else ("causal only" if e["causal"] else "bidir only")
+
+
+def print_blocks(entries: list[dict[str, Any]], device: str) -> None:
+    """Narrow terminals: a few lines per mechanism, wrapped at words, no table borders."""
+    out.print(f"[bold]attnbench mechanisms[/bold] ({len(entries)}; paths checked for {device})")
+    for e in entries:
+        alias = f" (alias {', '.join(e['aliases'])})" if e["aliases"] else ""
+        out.print(
+            f"\n[bold]{e['name']}[/bold]{alias} · {e['family']} · {_directions(e)} · "
+            f"time {e['time']}, memory {e['memory']}"
+        )
+        params = ", ".join(f"{k}={v}" for k, v in e["params_text"].items()) or "-"
+        out.print(f"  params: {params}")
+        out.print("  paths: " + _paths_cell(e).replace("\n", "; "))
+    out.print("\n[dim]descriptions and sources: attnbench list --format json[/dim]")
 
 
 def list_mechanisms(
@@ -76,6 +112,10 @@ def list_mechanisms(
 
     Example: [bold]attnbench list --format json[/bold]
     """
+    import torch
+
+    from attnbench import registry
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     mechs = [m for m in registry.MECHANISMS if family is None or m.family == family]
     if family is not None and not mechs:
@@ -122,29 +162,30 @@ def list_mechanisms(
                 ]
             )
         return
+    if out.width < TABLE:
+        print_blocks(entries, device)
+        return
+    wide = out.width >= WIDE
     table = Table(
-        title=f"attnbench mechanisms ({len(entries)}; paths checked for {device})", show_lines=True
+        title=f"attnbench mechanisms ({len(entries)}; paths checked for {device})",
+        caption=None if wide else "description and sources: attnbench list --format json",
+        show_lines=True,
     )
-    for col in (
-        "name",
-        "family",
-        "description",
-        "source",
-        "complexity",
-        "causal / bidir",
-        "params",
-        "paths",
-    ):
-        table.add_column(col, overflow="fold")
+    columns = ["name", "family", "time / memory", "directions", "params", "paths"]
+    if wide:
+        columns[2:2] = ["description", "sources"]
+    for col in columns:
+        table.add_column(col, overflow="fold", no_wrap=col in ("name", "family"))
     for e in entries:
-        table.add_row(
-            e["name"] + "".join(f"\n[dim]alias {a}[/dim]" for a in e["aliases"]),
-            e["family"],
-            e["description"],
-            e["source"],
-            f"time {e['time']}\nmemory {e['memory']}",
-            f"{'yes' if e['causal'] else 'no'} / {'yes' if e['bidirectional'] else 'no'}",
-            "\n".join(f"{k}={v}" for k, v in e["params_text"].items()) or "-",
-            _paths_cell(e),
-        )
+        cells = {
+            "name": e["name"] + "".join(f"\n[dim]alias {a}[/dim]" for a in e["aliases"]),
+            "family": e["family"],
+            "description": e["description"],
+            "sources": e["source"],
+            "time / memory": f"{e['time']}\n{e['memory']}",
+            "directions": _directions(e),
+            "params": "\n".join(f"{k}={v}" for k, v in e["params_text"].items()) or "-",
+            "paths": _paths_cell(e),
+        }
+        table.add_row(*(cells[c] for c in columns))
     out.print(table)

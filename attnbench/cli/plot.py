@@ -1,4 +1,4 @@
-"""``attnbench plot RESULTS.csv``: time, throughput and memory against n, one figure per setting."""
+"""``attnbench plot RESULTS.csv``: per-family time and memory figures, and the headline."""
 
 from __future__ import annotations
 
@@ -7,23 +7,38 @@ from typing import Annotated
 
 import typer
 
-from attnbench.cli.common import out
+from attnbench.cli.common import err, out
 
 
 def plot_cmd(
-    results: Annotated[Path, typer.Argument(help="A results CSV from attnbench run speed.")],
+    results: Annotated[
+        Path,
+        typer.Argument(help="A results CSV of run speed, or curves.csv of run extrapolate."),
+    ],
     out_dir: Annotated[
         Path | None,
         typer.Option("--out", help="Where to write the figures (default: figures/ beside it)."),
     ] = None,
     format: Annotated[str, typer.Option("--format", help="png or svg.")] = "png",
 ) -> None:
-    """Plot time, throughput and peak memory against n (log-log), one figure per direction and
-    causal flag; cases that did not run are marked, not left out.
+    """Time and peak memory against n (log-log), one panel per family with dense SDPA in each,
+    one figure of each per direction and causal flag (time-*.png, memory-*.png); and
+    headline.png: each efficient path's speed-up and memory relative to dense SDPA at the
+    longest n it reached. Where a series stops, a marker says why (oom, skipped, unsupported).
+    Given the curves.csv of `run extrapolate`: the training loss against step.
 
     Example: [bold]attnbench plot results/speed/cpu/results.csv --format svg[/bold]
     """
     from attnbench.bench.plot import plot_results  # matplotlib only when plotting
+    from attnbench.extrapolation.curves import is_curves_csv, plot_curves
 
-    for path in plot_results(results, out_dir, format):
+    if is_curves_csv(results):  # curves.csv of run extrapolate: loss against step
+        for path in plot_curves(results, out_dir, format):
+            out.print(f"wrote {path}")
+        return
+
+    figures = plot_results(results, out_dir, format)
+    for path in figures.paths:
         out.print(f"wrote {path}")
+    for note in figures.notes:
+        err.print(note)

@@ -7,10 +7,8 @@ from typing import Annotated
 
 import typer
 
-from attnbench import registry
 from attnbench.cli.common import out, parse_params
 from attnbench.errors import AttnbenchError
-from attnbench.pattern_view import MAX_PNG_N, MAX_TERMINAL_N, pattern_of, save_png, to_rich
 
 
 def show(
@@ -31,6 +29,9 @@ def show(
 
     Example: [bold]attnbench show local --n 64 --param window=8 --causal --out local.png[/bold]
     """
+    from attnbench import registry
+    from attnbench.pattern_view import MAX_PNG_N, MAX_TERMINAL_N, pattern_of, save_png, to_rich
+
     mech = registry.get(name)
     if n > MAX_PNG_N or (out_path is None and n > MAX_TERMINAL_N):
         limit = MAX_PNG_N if out_path is not None else MAX_TERMINAL_N

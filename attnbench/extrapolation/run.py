@@ -30,7 +30,7 @@ import torch
 
 from attnbench.data import load_corpus
 from attnbench.errors import AttnbenchError
-from attnbench.extrapolation import report
+from attnbench.extrapolation import curves, report
 from attnbench.extrapolation.config import (
     EvalTimeVariant,
     ExtrapConfig,
@@ -42,9 +42,10 @@ from attnbench.extrapolation.config import (
 from attnbench.extrapolation.evaluate import EvalStream, evaluate, make_eval_stream
 from attnbench.extrapolation.model import MLMEncoder, build_model
 from attnbench.extrapolation.progress import NoProgress, TrainProgress
-from attnbench.extrapolation.train import check_key, load_checkpoint, train
+from attnbench.extrapolation.train import HISTORY_EVERY, check_key, load_checkpoint, train
 from attnbench.extrapolation.tricks import TrickMixer
 from attnbench.measure import machine
+from attnbench.outputs import ensure_dir
 
 MASKING = (
     "each position replaced by the [MASK] id independently with probability {p} (training and "
@@ -74,6 +75,10 @@ class RunOptions:
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
     #: Called after every training step with (variant, seed, step): tests interrupt through it.
     on_step: Callable[[str, int, int], None] | None = None
+    #: Steps between the points of the training curves (and of the checkpoint's history).
+    log_every: int = HISTORY_EVERY
+    #: A TensorBoard log folder for the training curves (needs the tensorboard package).
+    tensorboard: Path | None = None
 
     @property
     def ckpt_dir(self) -> Path:
@@ -150,6 +155,16 @@ class Plan:
 def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     """Train (or resume, or load) every variant and seed, evaluate, write the outputs."""
     cfg.check()
+    if opts.tensorboard is not None:
+        curves.require_tensorboard()
+    ensure_dir(opts.out, "--out folder", create=False)  # a mistake shows before any work
+    ensure_dir(opts.ckpt_dir, "checkpoint folder", create=False)
+    if cfg.train.steps < cfg.train.warmup:
+        opts.log(
+            f"warning: train.steps={cfg.train.steps} is below the learning-rate warm-up "
+            f"(train.warmup={cfg.train.warmup}): the run never reaches the peak learning rate; "
+            "fine for a smoke test, not for a result"
+        )
     started = dt.datetime.now(dt.timezone.utc)
     corpus = load_corpus(cfg.run.corpus or None)
     train_stream, heldout = corpus.split(cfg.run.holdout)
@@ -179,10 +194,11 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         opts.log("note: CUDA float32 matmuls run as TF32 (torch.backends.cuda.matmul.allow_tf32)")
     plan = Plan(cfg, variants, seeds, corpus.sha256, opts)
 
-    opts.out.mkdir(parents=True, exist_ok=True)
+    ensure_dir(opts.out, "--out folder")
     old_threads = torch.get_num_threads()
     torch.set_num_threads(_threads(cfg))
     rows: list[dict[str, Any]] = []
+    curves_csv: Path | None = None
     trainings: list[dict[str, Any]] = []
     try:
         for v, seed, path, key, ckpt in plan.entries:
@@ -193,6 +209,7 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
                 for ev in eval_rows:
                     rows += _evaluate_eval_time(cfg, opts, ev, seed, ckpt, stream, device)
             report.write_csv(rows, opts.out / CSV_NAME)
+            curves_csv = _gather_curves(plan, opts)
     finally:
         torch.set_num_threads(old_threads)
 
@@ -242,7 +259,8 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "git": machine.git_state(),
         "notes": notes,
-        "outputs": [CSV_NAME, TABLE_NAME, FIGURE_NAME],
+        "outputs": [CSV_NAME, TABLE_NAME, FIGURE_NAME]
+        + ([curves.COMBINED_NAME] if curves_csv else []),
     }
     (opts.out / SIDECAR_NAME).write_text(json.dumps(sidecar, indent=1, default=str) + "\n")
     return RunResult(rows, opts.out, table_md, notes)
@@ -291,6 +309,7 @@ def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device):
     checkpoint and a summary for the sidecar."""
     if ckpt is not None and ckpt["done"]:
         opts.log(f"{v.label} seed {seed}: trained ({ckpt['step']} steps), loading {path}")
+        _curve_from_history(cfg, v, seed, path, ckpt)
     else:
         if opts.eval_only:  # Plan rules this out; kept as a guard
             raise AttnbenchError(f"{path} is not finished")
@@ -303,20 +322,26 @@ def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device):
             def hook(step: int, label=v.label) -> None:
                 opts.on_step(label, seed, step)
 
-        outcome = train(
-            model,
-            train_stream,
-            cfg.train,
-            train_len=cfg.model.train_len,
-            seed=seed,
-            path=path,
-            key=key,
-            ckpt_every=cfg.run.ckpt_every,
-            resume=ckpt if opts.resume else None,
-            progress=opts.progress(),
-            title=f"{v.label} seed {seed}",
-            on_step=hook,
-        )
+        resume = ckpt if opts.resume else None
+        history = curves.history_points(resume["history"], cfg.train) if resume else []
+        curve = curves.CurveLog(curves.curve_path(path), v.label, seed, history, opts.tensorboard)
+        with curve:
+            outcome = train(
+                model,
+                train_stream,
+                cfg.train,
+                train_len=cfg.model.train_len,
+                seed=seed,
+                path=path,
+                key=key,
+                ckpt_every=cfg.run.ckpt_every,
+                resume=resume,
+                progress=opts.progress(),
+                title=f"{v.label} seed {seed}",
+                on_step=hook,
+                on_log=curve.log,
+                log_every=opts.log_every,
+            )
         opts.log(
             f"{v.label} seed {seed}: trained {outcome.steps} steps in {outcome.train_time_s:.0f}s"
             f" ({outcome.tokens_per_s:,.0f} tok/s), final loss {outcome.final_loss:.3f}"
@@ -334,6 +359,21 @@ def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device):
         "checkpoint": str(path),
     }
     return ckpt, info
+
+
+def _curve_from_history(cfg, v, seed, path, ckpt) -> None:
+    """A finished checkpoint whose curve file is missing (trained before the curves existed, or
+    the file was removed) gets it back from its history."""
+    target = curves.curve_path(path)
+    if not target.exists():
+        points = curves.history_points(ckpt.get("history", []), cfg.train)
+        curves.write_curve(target, v.label, seed, points)
+
+
+def _gather_curves(plan: Plan, opts: RunOptions) -> Path | None:
+    """Every training's curve file so far, in one tidy ``<out>/curves.csv``."""
+    files = [curves.curve_path(path) for _, _, path, _, _ in plan.entries]
+    return curves.combine(files, opts.out / curves.COMBINED_NAME)
 
 
 def _row(cfg, label, kind, seed, res, ckpt, **extra) -> dict[str, Any]:

@@ -11,6 +11,11 @@ state that the rest of training depends on (the sampler's generator, torch's and
 generators), so ``--resume`` ends with the same numbers as an uninterrupted run. Ctrl-C or SIGTERM
 finishes the current step, writes a checkpoint and raises :class:`Interrupted`; a checkpoint is also
 written every ``ckpt_every`` steps (what survives a SIGKILL). Files are written atomically.
+
+Every ``log_every`` steps (default HISTORY_EVERY) and at the last step, a :class:`CurvePoint`
+(step, loss, learning rate, tokens per second, training time) is added to the checkpoint's
+``history`` and handed to ``on_log``: the one record behind the training curves
+(:mod:`attnbench.extrapolation.curves`).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -37,8 +42,19 @@ from attnbench.extrapolation.model import MASK_ID
 from attnbench.extrapolation.progress import NoProgress, TrainProgress
 
 CHECKPOINT_FORMAT = 1
-#: Steps between the (step, loss) pairs kept in a checkpoint's history.
+#: Steps between the points kept in a checkpoint's history (and logged to the training curves).
 HISTORY_EVERY = 50
+
+
+class CurvePoint(NamedTuple):
+    """One logged step. A checkpoint's history holds these as plain tuples; checkpoints written
+    before the curves existed hold (step, loss) pairs (see ``curves.history_points``)."""
+
+    step: int
+    loss: float  # the loss of this step's batch (not smoothed)
+    lr: float  # the learning rate this step used
+    tokens_per_s: float  # training tokens per second since the previous logged point
+    train_time_s: float  # training time up to this step, earlier runs of a resumed one included
 
 
 @dataclass(frozen=True)
@@ -138,10 +154,16 @@ def key_hash(key: Mapping[str, Any]) -> str:
 
 
 def atomic_save(obj: Any, path: Path) -> None:
+    """Save whole or not at all: a temporary file, renamed when complete, removed on failure (a
+    full disk leaves the previous checkpoint and no ``.pt.tmp``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -246,13 +268,18 @@ def train(
     progress: TrainProgress | None = None,
     title: str = "",
     on_step: Callable[[int], None] | None = None,
+    on_log: Callable[[CurvePoint], None] | None = None,
+    log_every: int = HISTORY_EVERY,
 ) -> TrainOutcome:
     """Train ``model`` in place (its weights already initialised from ``seed``, on the device
     it is on; batches are drawn on the CPU, so the data order is the same on every device).
 
     ``resume``: a loaded checkpoint of the same key to continue from. ``on_step(step)`` is called
-    after every completed step (tests use it to deliver a signal mid-run).
+    after every completed step (tests use it to deliver a signal mid-run). ``on_log(point)`` is
+    called with every point added to the history (every ``log_every`` steps and the last one).
     """
+    if log_every < 1:
+        raise AttnbenchError(f"invalid log_every={log_every}; accepted: >= 1")
     cfg.check()
     progress = progress or NoProgress()
     sampler = BatchSampler(stream, train_len, cfg.batch, cfg.mask_prob, seed)
@@ -294,6 +321,7 @@ def train(
     t0 = time.perf_counter()
     loss_value, smooth = float("nan"), None
     step = start
+    logged_step, logged_at = start, t0
     progress.start(title, cfg.steps, start)
     try:
         with StopFlag().installed() as stop:
@@ -310,9 +338,17 @@ def train(
                 step += 1
                 loss_value = loss.item()
                 smooth = loss_value if smooth is None else 0.98 * smooth + 0.02 * loss_value
-                if step % HISTORY_EVERY == 0 or step == cfg.steps:
-                    history.append((step, loss_value))
                 run_s = time.perf_counter() - t0
+                if step % log_every == 0 or step == cfg.steps:
+                    now = t0 + run_s
+                    rate = (step - logged_step) * tokens_per_step / max(now - logged_at, 1e-9)
+                    point = CurvePoint(
+                        step, loss_value, opt.param_groups[0]["lr"], rate, elapsed + run_s
+                    )
+                    history.append(tuple(point))
+                    logged_step, logged_at = step, now
+                    if on_log is not None:
+                        on_log(point)
                 progress.update(step, smooth, (step - start) * tokens_per_step / max(run_s, 1e-9))
                 if on_step is not None:
                     on_step(step)

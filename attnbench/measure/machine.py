@@ -76,6 +76,34 @@ def memory_bytes() -> int | None:
         return None
 
 
+def available_memory_bytes() -> int | None:
+    """Memory a new allocation can get without swapping: MemAvailable on Linux, else the total."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return memory_bytes()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity), else every logical core."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def load_average() -> tuple[float, float, float] | None:
+    """The 1, 5 and 15 minute load averages (None where the OS has none)."""
+    try:
+        return os.getloadavg()
+    except (OSError, AttributeError):
+        return None
+
+
 def device_name(device: torch.device) -> str:
     """What the ``device_name`` column holds: the GPU's name, or the CPU's model."""
     if device.type == "cuda":

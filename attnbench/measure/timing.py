@@ -85,9 +85,15 @@ def stats(samples: Sequence[float]) -> Stats:
     return Stats(float(med), float(p20), float(p80), len(arr))
 
 
+def per_round_ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    """a[r] / b[r] for every round r: a's time relative to b's, round by round (the samples
+    ``attnbench compare`` tests; they are kept in the run's samples file)."""
+    return [x / y for x, y in zip(a, b, strict=True)]
+
+
 def paired_ratio(a: Sequence[float], b: Sequence[float]) -> Stats:
     """Statistics of a[r] / b[r] over rounds r: a's time relative to b's, round by round."""
-    return stats([x / y for x, y in zip(a, b, strict=True)])
+    return stats(per_round_ratios(a, b))
 
 
 def retain_freed_memory() -> bool:

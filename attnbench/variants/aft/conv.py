@@ -20,12 +20,12 @@ taps that meet a key at this length, and 0 when some row has keys outside the ke
 subtracted from every exponent, so every factor is <= 1 and the common factor cancels. That
 stabiliser is separable, an upper bound of each (row, feature)'s joint maximum of bias + K that
 can miss it by up to the bias's span (a large negative beta, or gamma spreading the taps): in
-float16 the denominators underflowed to 0 (0/0, issue 11) and in float32 lost digits (3 % off
-at beta = -100, T = 7, where every key is inside the kernel). So the sums are taken in float32 for
-half inputs and certified as in aft-full (:mod:`~attnbench.variants.aft.softmax_sums`): a
-denominator below ``underflow_threshold(T)`` has its (row, feature) taken from the same sums in
-float64, and if it fails there too, recomputed densely over all T keys with its exact maximum;
-neither happens for ordinary inputs.
+float16 the denominators underflowed to 0 (0/0, issue 11) and in float32 lost digits (up to 3 %
+of the output scale at beta = -100, T <= 7, where every key is inside the kernel). So the sums are
+taken in float32 for half inputs and certified as in aft-full
+(:mod:`~attnbench.variants.aft.softmax_sums`): a denominator below ``underflow_threshold(T)`` has
+its (row, feature) taken from the same sums in float64, and if it fails there too, recomputed
+densely over all T keys with its exact maximum; neither happens for ordinary inputs.
 """
 
 from __future__ import annotations
@@ -40,14 +40,11 @@ from torch import Tensor
 from attnbench import sources
 from attnbench.errors import AttnbenchError
 from attnbench.spec import ExtraInput, Mechanism, PathSpec, Shape, positive_int
+from attnbench.variants.accumulate import float32_sums
 from attnbench.variants.aft.common import check_elementwise
 from attnbench.variants.aft.dense import aft_dense, kernel_to_dense
 from attnbench.variants.aft.layer import aft_layer, same_at_every_length
-from attnbench.variants.aft.softmax_sums import (
-    accumulation_dtype,
-    certified_average,
-    exact_average,
-)
+from attnbench.variants.aft.softmax_sums import certified_average, exact_average
 
 VAR_EPS = 1e-5
 NO_CAUSAL = "aft-conv has no causal form (the paper defines it for images); use aft-local"
@@ -78,6 +75,7 @@ def reference(
     return aft_dense(q, k, v, bias, causal=False)
 
 
+@float32_sums
 def conv(
     q: Tensor,
     k: Tensor,
@@ -100,33 +98,29 @@ def conv(
     if causal:
         raise AttnbenchError(NO_CAUSAL)
     b, h, t, d = q.shape
-    acc = accumulation_dtype(q.dtype)
     left, right = (s - 1) // 2, s - 1 - (s - 1) // 2  # the kernel reaches t - left .. t + right
-    eff = effective_kernel(kernel.to(acc), gamma.to(acc), beta.to(acc))  # (H, s)
-    kf, vf = k.to(acc), v.to(acc)
+    eff = effective_kernel(kernel, gamma, beta)  # (H, s)
 
     def sums(dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        return _conv_sums(eff.to(dtype), kf.to(dtype), vf.to(dtype), left, right)
+        return _conv_sums(eff.to(dtype), k.to(dtype), v.to(dtype), left, right)
 
     by_feature: list[Tensor] = []  # K and V as [B, H, D, T], made contiguous once if needed
 
     def exact(bi: Tensor, hi: Tensor, ti: Tensor, di: Tensor) -> Tensor:
         """Entries (b, h, t, d) densely over all T keys, each with its exact maximum."""
         if not by_feature:
-            by_feature.extend(x.transpose(-2, -1).contiguous() for x in (kf, vf))
+            by_feature.extend(x.transpose(-2, -1).contiguous() for x in (k, v))
         kt, vt = by_feature
         j = torch.arange(t, device=eff.device)[None, :] - ti[:, None] + left  # (n, T): tap
         inside_kernel = (j >= 0) & (j < s)
         bias = eff[hi].gather(1, j.clamp(0, s - 1)).masked_fill(~inside_kernel, 0.0)  # (n, T)
         return exact_average(bias + kt[bi, hi, di], vt[bi, hi, di])
 
-    avg = certified_average(sums, acc, t, exact, piece=max(t, b * h * d))  # (B, H, T, D)
-    return (torch.sigmoid(q.to(acc)) * avg).to(q.dtype)
+    avg = certified_average(sums, q.dtype, t, exact, piece=max(t, b * h * d))  # (B, H, T, D)
+    return torch.sigmoid(q) * avg
 
 
-def _conv_sums(
-    eff: Tensor, k: Tensor, v: Tensor, left: int, right: int
-) -> tuple[Tensor, Tensor]:
+def _conv_sums(eff: Tensor, k: Tensor, v: Tensor, left: int, right: int) -> tuple[Tensor, Tensor]:
     """Stabilised numerator and denominator, each [B, H, T, D], scaled by the common factor
     e^{-(cap[h] + max K[:, f])}. eff [H, s] (effective kernel), k, v [B, H, T, D]."""
     b, h, t, d = k.shape

@@ -20,12 +20,12 @@ deviation 5 in float16 (T = 129), or spans beyond ~100 in float32, every term of
 feature) underflowed and the division was 0/0 (issue 11). The sums are therefore taken in float32
 for half inputs and *certified*: a denominator >= ``underflow_threshold(T)`` (T (2 + 2 log2 T)
 tiny / eps: e^-61 for float32 at T = 1000) is provably within eps of exact and non-zero. If some
-(row, feature) is below it, the same products are taken once more in float64 (threshold e^-660)
-for those entries, and any still below are recomputed densely over the keys their row sees,
-each with its exact maximum (denominator >= 1), in pieces of at most max(T, B*H*D) entries
+(row, feature) is below it, the products are taken once more in float64 (threshold e^-660) and
+used for the entries that failed; any still below are recomputed densely over the keys their row
+sees, each with its exact maximum (denominator >= 1), in pieces of at most max(T, B*H*D) entries
 (O(T^2 + T d) memory). Unit-scale inputs never leave the float32 products; K and w of standard
-deviation 20 at T = 1024 send ~2 % of the entries to the float64 products (about 2x the time on
-CPU), and none goes dense short of logit spans near 700.
+deviation 20 at T = 1024 fail the certificate in ~2 % of the entries (one float64 pass more), and
+nothing goes dense short of logit spans near 700.
 
 Causal (the paper's autoregressive form masks w: t' <= t): a single per-feature maximum of K
 would be taken over keys that early rows cannot see and underflow them (K x 50: ~60 % of the
@@ -34,12 +34,11 @@ rows/keys [a, b) is its two half-squares on the diagonal (recursed) plus the rec
 [mid, b) x keys [a, mid), which every one of those rows sees entirely and which is therefore two
 stabilised products as above, merged exactly into the lower half-square's partial sums.
 Squares of at most ``chunk`` rows are computed densely (``chunk x chunk x d``, each row with
-its own maximum). The merged sums are certified as above (the merges only scale by factors
-<= 1, which the threshold accounts for), the rare failures redone in float64 and then densely
-over keys t' <= t. Work:
-the T^2/2 visible pairs in matrix products plus O(T d log T + T chunk d) elementwise; memory
-O(T^2 + T d log T + T chunk d). Sub-blocks are taken with ``split``, so backward costs O(size)
-per level rather than a full-size zero-fill per slice.
+its own maximum). The merged sums are certified as above (merges only scale by factors <= 1,
+which the threshold accounts for); failures are redone in float64, then densely over keys
+t' <= t. Work: the T^2/2 visible pairs in matrix products plus O(T d log T + T chunk d)
+elementwise; memory O(T^2 + T d log T + T chunk d). Sub-blocks are taken with ``split``, so
+backward costs O(size) per level rather than a full-size zero-fill per slice.
 """
 
 from __future__ import annotations
@@ -53,12 +52,12 @@ from torch import Tensor
 
 from attnbench import sources
 from attnbench.spec import ExtraInput, Mechanism, Param, PathSpec, Shape, positive_int
+from attnbench.variants.accumulate import float32_sums
 from attnbench.variants.aft.common import as_features, check_elementwise, from_features
 from attnbench.variants.aft.dense import aft_dense
 from attnbench.variants.aft.layer import aft_layer
 from attnbench.variants.aft.softmax_sums import (
     Partial,
-    accumulation_dtype,
     certified_average,
     dense,
     exact_average,
@@ -135,6 +134,7 @@ def _triangle(w: Tensor, kf: Tensor, vf: Tensor, leaf: int) -> Partial:
     return tuple(torch.cat(pair, dim=0) for pair in zip(top, bottom, strict=True))
 
 
+@float32_sums
 def efficient(
     q: Tensor,
     k: Tensor,
@@ -150,10 +150,8 @@ def efficient(
 ) -> Tensor:
     """Two stabilised matrix products (blocked when causal), certified against underflow (see
     the module docstring). q, k, v: [B, H, T, D]."""
-    acc = accumulation_dtype(q.dtype)
-    up = {n: x.to(acc) if x is not None else None for n, x in (("w", w), ("u", w_u), ("v", w_v))}
-    bias = bias_of(factorized, up["w"], up["u"], up["v"])  # (T, T)
-    kf, vf = as_features(k).to(acc), as_features(v).to(acc)  # (T, F), F = B*H*D
+    bias = bias_of(factorized, w, w_u, w_v)  # (T, T)
+    kf, vf = as_features(k), as_features(v)  # (T, F), F = B*H*D
     t, f = kf.shape
 
     def sums(dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -167,8 +165,8 @@ def efficient(
             by_feature.extend((kf.t().contiguous(), vf.t().contiguous()))
         return _exact_entries(bias, *by_feature, causal, rows, feats)
 
-    avg = certified_average(sums, acc, t, exact, piece=max(t, f))  # (T, F)
-    return (torch.sigmoid(q.to(acc)) * from_features(avg, q)).to(q.dtype)
+    avg = certified_average(sums, kf.dtype, t, exact, piece=max(t, f))  # (T, F)
+    return torch.sigmoid(q) * from_features(avg, q)
 
 
 def _causal_terms(n: int, leaf: int) -> int:

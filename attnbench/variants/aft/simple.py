@@ -19,10 +19,11 @@ from torch import Tensor
 
 from attnbench import sources
 from attnbench.spec import Mechanism, PathSpec, Shape
+from attnbench.variants.accumulate import float32_sums
 from attnbench.variants.aft.common import check_elementwise
 from attnbench.variants.aft.dense import aft_dense
 from attnbench.variants.aft.layer import aft_layer, no_bias, same_at_every_length
-from attnbench.variants.aft.softmax_sums import accumulation_dtype, average, leaves, prefix_scan
+from attnbench.variants.aft.softmax_sums import average, leaves, prefix_scan
 
 
 def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
@@ -31,15 +32,14 @@ def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
     return aft_dense(q, k, v, torch.zeros(t, t, dtype=q.dtype, device=q.device), causal=causal)
 
 
+@float32_sums
 def pooled(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
     """Global (or prefix) softmax pooling. q, k, v: [B, H, T, D] -> [B, H, T, D]."""
-    acc = accumulation_dtype(q.dtype)
-    k, v = k.to(acc), v.to(acc)
     if causal:
         avg = average(prefix_scan(leaves(k, v)))  # (B, H, T, D)
     else:
         avg = (torch.softmax(k, dim=-2) * v).sum(-2, keepdim=True)  # (B, H, 1, D)
-    return (torch.sigmoid(q.to(acc)) * avg).to(q.dtype)
+    return torch.sigmoid(q) * avg
 
 
 def flops(shape: Shape, causal: bool, params: Mapping[str, Any]) -> int:

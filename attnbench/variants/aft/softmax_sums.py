@@ -21,23 +21,25 @@ Matrix-product paths (aft-full, aft-conv) cannot use the exact maximum of every 
 ``w[t, t'] + K[t', f]`` has one per pair, and a product shares one stabiliser ``a[t] + b[f]``
 across the whole sum. Any such separable stabiliser can miss the true maximum by an unbounded
 gap: with two keys, ``w = [[0, -L], [-L, 0]]`` and ``K = [[0, -L], [-L, 0]]`` (keys x features),
-the maxima are ``[[0, -L], [-L, 0]]``, and since ``(a0 + b1) + (a1 + b0) = (a0 + b0) + (a1 + b1)
->= 0`` one of the off-diagonal entries is stabilised at least L above its maximum: its every
-term underflows once L exceeds the exponent range, whatever per-key shifts are added. So such a
-path *certifies* its sums instead (:func:`certified_average`): a denominator at least
-:func:`underflow_threshold` is accurate to ~eps; the (rare) entries below it are taken from the
-same sums in float64 (the same gap then costs nothing until it nears 700), and those that fail
-even there are recomputed densely with their own exact maximum (``den >= 1``). The argument: every term is a product or
-exp of values <= 1 and the partial sums are merged with factors <= 1, so the only error beyond
-ordinary rounding is terms falling below the smallest normal number ``tiny``; each such event
-loses at most ``tiny`` (even with flush-to-zero), there are at most ``T`` terms and ``2 log2 T``
-merge scalings (of sums <= T) per entry, so the loss is at most ``T (2 + 2 log2 T) tiny`` in the
-denominator (times max |V| in the numerator). A denominator >= ``T (2 + 2 log2 T) tiny / eps``
-therefore has relative error <= eps from underflow, and cannot be 0: 0/0 is impossible.
+the maxima are ``[[0, -L], [-L, 0]]``; no overflow needs ``a[t] + b[f] >= max``, so
+``(a0 + b1) + (a1 + b0) = (a0 + b0) + (a1 + b1) >= 0`` and one off-diagonal entry is stabilised
+at least L above its maximum: all its terms underflow once L passes the exponent range, whatever
+per-key shifts are added (they cancel in each term). So such a path *certifies* its sums
+(:func:`certified_average`). The argument: every term is a product or exp of values <= 1 and
+partial sums are merged with factors <= 1, so the only error beyond ordinary rounding is values
+falling below the smallest normal number ``tiny``: a term then loses at most ``tiny`` and a
+merge, scaling a sum <= T, at most ``T tiny`` (with or without flush-to-zero). With at most T
+terms and 2 log2 T merges per entry the loss is below ``T (2 + 2 log2 T) tiny`` in the
+denominator (times max |V| in the numerator), so a denominator >= :func:`underflow_threshold`,
+``T (2 + 2 log2 T) tiny / eps``, is within eps of exact from underflow and is not 0: no 0/0.
+The (rare) entries below it are taken from the same sums in float64, where the same gap costs
+nothing until it nears 700, and those that fail even there are recomputed densely, each with its
+own exact maximum (``den >= 1``).
 
-Half inputs (float16, bfloat16) are summed in float32 (:func:`accumulation_dtype`): their own
-exponent range (float16 underflows below e^-17) would make the certificate fail for ordinary
-inputs, and sums of T terms rounded to 8 or 11 bits lose digits the reference keeps.
+The AFT efficient paths take half inputs (float16, bfloat16) in float32
+(:func:`attnbench.variants.accumulate.float32_sums`): float16's own exponent range (it underflows
+below e^-17) would make the certificate fail for ordinary inputs, and logits w + K rounded to 8
+or 11 bits lose digits the float64 oracle keeps.
 """
 
 from __future__ import annotations
@@ -126,11 +128,6 @@ def dense(logits: Tensor, v: Tensor, dim: int) -> Partial:
 def average(p: Partial) -> Tensor:
     """num / den: the weighted average of V the partial sums describe."""
     return p[1] / p[2]
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype AFT sums are computed in: float32 for half inputs, the input dtype otherwise."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 def underflow_threshold(dtype: torch.dtype, count: int) -> float:

@@ -1,0 +1,61 @@
+"""``attnbench export RESULTS.csv --to github-benchmark|bencher``: results for dashboards."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attnbench.cli.common import fail
+
+
+def export_cmd(
+    results: Annotated[Path, typer.Argument(help="A results CSV from attnbench run speed.")],
+    to: Annotated[
+        str | None,
+        typer.Option(
+            "--to",
+            help="github-benchmark (github-action-benchmark's custom tools) or bencher "
+            "(Bencher Metric Format, for bencher run --adapter json).",
+        ),
+    ] = None,
+    metric: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metric",
+            help="time (default), throughput, memory, roofline, flop-rate, ref-ratio; "
+            "repeatable or comma-separated.",
+        ),
+    ] = None,
+    out_file: Annotated[
+        Path | None, typer.Option("--out", help="Write the JSON here (default: stdout).")
+    ] = None,
+) -> None:
+    """Export the ok rows of a results CSV as JSON for continuous-benchmarking dashboards.
+
+    One benchmark per case, named from its key columns (mechanism:path, params, shape, n).
+
+    github-benchmark: one direction per file; throughput, roofline, flop-rate: customBiggerIsBetter.
+
+    Example: [bold]attnbench export runs/ci/results.csv --to bencher --metric time,memory[/bold]
+    """
+    from attnbench.bench.export import check_target, export_text, github_tool, parse_metrics
+
+    if to is None:
+        raise fail("--to is required: github-benchmark or bencher")
+    check_target(to)
+    metrics = list(metric or ["time"])
+    text = export_text(results, to, metrics)
+    if out_file is None:
+        typer.echo(text, nl=False)
+    else:
+        try:
+            out_file.parent.mkdir(parents=True, exist_ok=True)
+            out_file.write_text(text, encoding="utf-8")
+        except OSError as e:
+            raise fail(f"cannot write {out_file}: {e.strerror or e}") from None
+        typer.echo(f"wrote {out_file}", err=True)
+    if to == "github-benchmark":
+        tool = github_tool(parse_metrics(metrics))
+        typer.echo(f"github-action-benchmark: tool: '{tool}'", err=True)

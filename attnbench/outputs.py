@@ -1,0 +1,62 @@
+"""Writing results safely: folders that can be made (or a one-line reason why not), and files
+written whole or not at all (a temporary name, then a rename; the temporary file removed when the
+write fails, e.g. on a full disk)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+from attnbench.errors import AttnbenchError
+
+
+def ensure_dir(path: Path | str, what: str = "output folder", create: bool = True) -> Path:
+    """Make ``path`` (and its parents) or raise an AttnbenchError saying why it cannot be made:
+    a parent that is a file, a folder without write permission, a read-only or full disk.
+    ``create=False`` only checks, before any work, that it could be made."""
+    path = Path(path)
+    for ancestor in (path, *path.parents):
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                where = "is" if ancestor == path else f"is under {ancestor}, which is"
+                raise AttnbenchError(f"cannot use {path} as the {what}: it {where} a file")
+            if not create and not os.access(ancestor, os.W_OK | os.X_OK):
+                raise AttnbenchError(f"cannot create the {what} {path}: {ancestor} is read-only")
+            break
+    if not create:
+        return path
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AttnbenchError(f"cannot create the {what} {path}: {e.strerror or e}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise AttnbenchError(f"cannot write into the {what} {path}: permission denied")
+    return path
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path | str, mode: str = "w", **kwargs) -> Iterator[IO]:
+    """Open ``path.tmp`` for writing and rename it to ``path`` when the block ends without an
+    error; on an error (a full disk, Ctrl-C) the temporary file is removed and ``path`` is left
+    as it was."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, mode, **kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def write_text(path: Path | str, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all."""
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        f.write(text)

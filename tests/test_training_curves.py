@@ -1,0 +1,244 @@
+"""Training curves of ``attnbench run extrapolate``: the CSV written as training goes, kept
+whole by an interruption, rewritten without duplicates by a resume; TensorBoard when asked
+(and one line when it is not installed); the figure."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.errors import AttnbenchError
+from attnbench.extrapolation import curves
+from attnbench.extrapolation.run import run_extrapolate
+from attnbench.extrapolation.train import CurvePoint, Interrupted, TrainConfig, lr_at
+from tests.test_extrapolate import TINY, _opts, _tiny_cfg, make_corpus
+
+runner = CliRunner()
+LOG_EVERY = 2
+STEPS = list(range(LOG_EVERY, 13, LOG_EVERY))  # the tiny config trains 12 steps
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+class Killed(Exception):
+    """Stands for SIGKILL: training stops with no chance to save."""
+
+
+def curve_file(out):
+    return out / "checkpoints" / "curves" / "E-seed0.csv"
+
+
+def read_curve(path):
+    df = pd.read_csv(path)
+    assert tuple(df.columns) == curves.COLUMNS
+    return df
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("curves") / "c.txt")
+
+
+@pytest.fixture(scope="module")
+def full(corpus, tmp_path_factory):
+    """One uninterrupted tiny training, logged every 2 steps."""
+    out = tmp_path_factory.mktemp("full")
+    run_extrapolate(_tiny_cfg(corpus), _opts(out, log_every=LOG_EVERY))
+    return out
+
+
+def test_curves_of_an_uninterrupted_run(full):
+    df = read_curve(curve_file(full))
+    assert list(df["step"]) == STEPS
+    assert (df["variant"] == "E").all() and (df["seed"] == 0).all()
+    cfg = _tiny_cfg("x").train
+    assert df["lr"].tolist() == pytest.approx([lr_at(s - 1, cfg) for s in STEPS], rel=1e-5)
+    assert (df["tokens_per_s"] > 0).all() and df["train_time_s"].is_monotonic_increasing
+    assert df["loss"].between(0, 10).all()
+    combined = read_curve(full / curves.COMBINED_NAME)
+    pd.testing.assert_frame_equal(combined, df)
+    # The checkpoint's history holds the same points.
+    history = torch.load(full / "checkpoints" / "E-seed0.pt", weights_only=True)["history"]
+    assert [h[0] for h in history] == STEPS
+    assert [h[1] for h in history] == pytest.approx(df["loss"].tolist(), rel=1e-5)
+
+
+def test_written_as_training_goes_and_resumed_without_duplicates(full, corpus, tmp_path):
+    cfg = _tiny_cfg(corpus)
+    seen = {}
+
+    def kill(label, seed, step):
+        seen[step] = read_curve(curve_file(tmp_path))["step"].tolist()
+        if step == 9:
+            raise Killed  # after step 9: the last checkpoint is step 5's
+
+    with pytest.raises(Killed):
+        run_extrapolate(cfg, _opts(tmp_path, log_every=LOG_EVERY, on_step=kill))
+    assert seen[5] == [2, 4] and seen[7] == [2, 4, 6]  # on disk while training
+    assert read_curve(curve_file(tmp_path))["step"].tolist() == [2, 4, 6, 8]  # kept
+    run_extrapolate(cfg, _opts(tmp_path, log_every=LOG_EVERY, resume=True))
+    resumed = read_curve(curve_file(tmp_path))
+    assert resumed["step"].tolist() == STEPS  # 6 and 8 logged again, once each
+    # Resume is bit for bit: the same losses and learning rates as the uninterrupted run.
+    reference = read_curve(curve_file(full))
+    assert resumed["loss"].tolist() == reference["loss"].tolist()
+    assert resumed["lr"].tolist() == reference["lr"].tolist()
+    assert read_curve(tmp_path / curves.COMBINED_NAME)["step"].tolist() == STEPS
+
+
+def test_ctrl_c_then_resume(corpus, tmp_path):
+    cfg = _tiny_cfg(corpus)
+
+    def ctrl_c(label, seed, step):
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted):
+        run_extrapolate(cfg, _opts(tmp_path, log_every=LOG_EVERY, on_step=ctrl_c))
+    assert read_curve(curve_file(tmp_path))["step"].tolist() == [2, 4, 6]
+    run_extrapolate(cfg, _opts(tmp_path, log_every=LOG_EVERY, resume=True))
+    assert read_curve(curve_file(tmp_path))["step"].tolist() == STEPS
+
+
+def test_a_finished_checkpoint_gets_its_curve_back_from_history(full, corpus):
+    before = read_curve(curve_file(full))
+    curve_file(full).unlink()
+    (full / curves.COMBINED_NAME).unlink()
+    run_extrapolate(_tiny_cfg(corpus), _opts(full, eval_only=True))
+    pd.testing.assert_frame_equal(read_curve(curve_file(full)), before)
+    assert (full / curves.COMBINED_NAME).is_file()
+
+
+def test_history_of_older_checkpoints():
+    cfg = TrainConfig(steps=100, warmup=10)
+    old = curves.history_points([(50, 2.5), (100, 2.0)], cfg)
+    assert [p.step for p in old] == [50, 100] and old[0].lr == lr_at(49, cfg)
+    assert math.isnan(old[0].tokens_per_s) and math.isnan(old[1].train_time_s)
+    new = curves.history_points([tuple(CurvePoint(50, 2.5, 1e-3, 100.0, 3.0))], cfg)
+    assert new == [CurvePoint(50, 2.5, 1e-3, 100.0, 3.0)]
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorBoard
+# ---------------------------------------------------------------------------------------------
+
+
+def test_tensorboard_not_installed_is_one_line(corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(curves, "tensorboard_available", lambda: False)
+    res = runner.invoke(
+        app,
+        ["run", "extrapolate", *TINY, "--corpus", str(corpus), "--out", str(tmp_path / "o"),
+         "--tensorboard", str(tmp_path / "tb")],
+    )  # fmt: skip
+    lines = res.stderr.strip().splitlines()
+    assert res.exit_code == 2, res.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in res.output
+    assert "pip install tensorboard" in lines[0]
+    assert not (tmp_path / "o" / "checkpoints").exists()  # nothing trained
+    with pytest.raises(AttnbenchError, match="pip install tensorboard"):
+        run_extrapolate(_tiny_cfg(corpus), _opts(tmp_path / "lib", tensorboard=tmp_path / "tb"))
+
+
+class FakeWriter:
+    """Records what SummaryWriter would be given."""
+
+    made: list[FakeWriter] = []
+
+    def __init__(self, log_dir, purge_step):
+        self.log_dir, self.purge_step, self.scalars = log_dir, purge_step, []
+        FakeWriter.made.append(self)
+
+    def add_scalar(self, tag, value, step):
+        self.scalars.append((tag, step, value))
+
+    def flush(self):
+        pass
+
+    def close(self):
+        self.closed = True
+
+
+def test_tensorboard_gets_the_curve_points(corpus, tmp_path, monkeypatch):
+    FakeWriter.made = []
+    monkeypatch.setattr(curves, "summary_writer", FakeWriter)
+    monkeypatch.setattr(curves, "tensorboard_available", lambda: True)
+    cfg = _tiny_cfg(corpus)
+    tb = tmp_path / "tb"
+
+    def kill(label, seed, step):
+        if step == 9:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_extrapolate(cfg, _opts(tmp_path, log_every=LOG_EVERY, tensorboard=tb, on_step=kill))
+    run_extrapolate(cfg, _opts(tmp_path, log_every=LOG_EVERY, tensorboard=tb, resume=True))
+    first, second = FakeWriter.made
+    assert first.log_dir == second.log_dir == tb / "E-seed0"
+    assert second.purge_step == 0 and second.closed  # earlier events purged, history re-logged
+    loss_steps = [step for tag, step, _ in second.scalars if tag == "train/loss"]
+    assert loss_steps == STEPS
+    tags = {tag for tag, _, _ in second.scalars}
+    assert tags == {"train/loss", "train/lr", "train/tokens_per_s"}
+    curve = read_curve(curve_file(tmp_path))
+    losses = [v for tag, _, v in second.scalars if tag == "train/loss"]
+    assert losses == pytest.approx(curve["loss"].tolist(), rel=1e-5)
+
+
+def test_real_tensorboard_writes_events(corpus, tmp_path):
+    pytest.importorskip("tensorboard")
+    tb = tmp_path / "tb"
+    run_extrapolate(_tiny_cfg(corpus), _opts(tmp_path, log_every=LOG_EVERY, tensorboard=tb))
+    assert any(p.name.startswith("events.out.tfevents") for p in (tb / "E-seed0").iterdir())
+
+
+# ---------------------------------------------------------------------------------------------
+# The figure
+# ---------------------------------------------------------------------------------------------
+
+
+def synthetic_curves(path):
+    rows = [
+        {"variant": v, "seed": seed, "step": s, "loss": 5.0 / (1 + s / 100) + seed * 0.1,
+         "lr": 1e-3, "tokens_per_s": 1e4, "train_time_s": s * 0.1}
+        for v in ("O", "E") for seed in (0, 1) for s in range(50, 501, 50)
+    ]  # fmt: skip
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def test_plot_curves(tmp_path):
+    path = synthetic_curves(tmp_path / "curves.csv")
+    assert curves.is_curves_csv(path)
+    (png,) = curves.plot_curves(path)
+    assert png == tmp_path / "figures" / "training_curves.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (svg,) = curves.plot_curves(path, tmp_path / "svg", "svg")
+    assert "<svg" in svg.read_text()
+
+
+def test_plot_curves_bad_input(tmp_path):
+    path = synthetic_curves(tmp_path / "curves.csv")
+    with pytest.raises(AttnbenchError, match="accepted: png, svg"):
+        curves.plot_curves(path, format="pdf")
+    other = tmp_path / "results.csv"
+    other.write_text("suite,mechanism\nx,softmax\n")
+    assert not curves.is_curves_csv(other) and not curves.is_curves_csv(tmp_path / "none.csv")
+    with pytest.raises(AttnbenchError, match="not a training-curves CSV"):
+        curves.plot_curves(other)
+    empty = tmp_path / "empty.csv"
+    empty.write_text(",".join(curves.COLUMNS) + "\n")
+    with pytest.raises(AttnbenchError, match="no logged steps"):
+        curves.plot_curves(empty)
