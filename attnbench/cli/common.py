@@ -66,3 +66,8 @@ def parse_params(
             )
         params[key.strip()] = value.strip()
     return params
+
+
+def short_reason(reason: str) -> str:
+    """``needs CUDA (no GPU visible to torch)`` -> ``needs CUDA``: the label of a folded line."""
+    return reason.split(" (", 1)[0]

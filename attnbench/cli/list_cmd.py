@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from attnbench.cli.common import out
+from attnbench.cli.common import out, short_reason
 
 if TYPE_CHECKING:
     from attnbench.spec import Mechanism
@@ -64,16 +64,11 @@ def _paths_cell(entry: dict[str, Any]) -> str:
     by_reason: dict[str, list[str]] = {}
     for p in entry["paths"]:
         if not p["available"]:
-            by_reason.setdefault(_short_reason(p["reason"]), []).append(p["name"])
+            by_reason.setdefault(short_reason(p["reason"]), []).append(p["name"])
     lines = [", ".join(here) or "[yellow]none here[/yellow]"]
     for reason, names in by_reason.items():
         lines.append(f"[dim]not here ({reason}): {', '.join(names)}[/dim]")
     return "\n".join(lines)
-
-
-def _short_reason(reason: str) -> str:
-    """``needs CUDA (no GPU visible to torch)`` -> ``needs CUDA``: the folded line's label."""
-    return reason.split(" (", 1)[0]
 
 
 #: From this terminal width the table has description and source columns (always in

@@ -18,7 +18,7 @@ from rich.table import Table
 from attnbench.bench.config import load_suite, override
 from attnbench.bench.results import plain
 from attnbench.bench.run import SpeedRun, describe_not_run, one_line, run_speed, summary_rows
-from attnbench.cli.common import err, out, parse_params
+from attnbench.cli.common import err, out, parse_params, short_reason
 from attnbench.errors import AttnbenchError
 
 INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C (128 + SIGINT)
@@ -199,7 +199,7 @@ def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
         impls = {r["impl"] for r in never}
         reasons = sorted(
             {
-                str(row["reason"]).split(" (", 1)[0]
+                short_reason(str(row["reason"]))
                 for row in run.rows
                 if f"{row['mechanism']}:{row['path']}" in impls and row.get("reason")
             }

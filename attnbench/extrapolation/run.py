@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import os
 import random
 import sys
 from collections.abc import Callable
@@ -108,12 +107,7 @@ def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus
 
 
 def _threads(cfg: ExtrapConfig) -> int:
-    if cfg.run.threads:
-        return cfg.run.threads
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    return cfg.run.threads or machine.usable_cores()
 
 
 class Plan:
