@@ -1,36 +1,17 @@
-"""What a path can need from the machine. Each check returns None when met, else the reason."""
+"""What a path can need from the machine (the checks themselves: :mod:`attnbench.capabilities`).
+Each check returns None when met, else the reason."""
 
 from __future__ import annotations
 
-import importlib.util
-
-import torch
-
+from attnbench import capabilities
 from attnbench.spec import Requirement
 
 
-def _cuda(device: torch.device, backward: bool) -> str | None:
-    if not torch.cuda.is_available():
-        return "needs CUDA (no GPU visible to torch)"
-    if device.type != "cuda":
-        return f"needs a CUDA device (asked for {device.type})"
-    return None
+def _requirement(name: str) -> Requirement:
+    check = capabilities.CHECKS[name]
+    return Requirement(name, lambda device, backward: check(device.type, backward))
 
 
-def _triton(device: torch.device, backward: bool) -> str | None:
-    if importlib.util.find_spec("triton") is None:
-        return "needs Triton (pip install triton)"
-    return None
-
-
-def _flex(device: torch.device, backward: bool) -> str | None:
-    if importlib.util.find_spec("torch.nn.attention.flex_attention") is None:
-        return f"needs FlexAttention (torch >= 2.5; this is {torch.__version__})"
-    if backward and device.type != "cuda":
-        return "FlexAttention has no backward on CPU (forward only)"
-    return None
-
-
-CUDA = Requirement("cuda", _cuda)
-TRITON = Requirement("triton", _triton)
-FLEX = Requirement("flex", _flex)
+CUDA = _requirement("cuda")
+TRITON = _requirement("triton")
+FLEX = _requirement("flex")

@@ -18,7 +18,13 @@ from attnbench.bench.measurement import (
     measurements_frame,
     to_measurements,
 )
-from attnbench.bench.results import KEY, ResultsWriter, cell, read_results
+from attnbench.bench.results import (
+    SAMPLES_NAME,
+    CaseSamples,
+    ResultsWriter,
+    SamplesWriter,
+    read_results,
+)
 from attnbench.cli import app
 from attnbench.errors import AttnbenchError
 
@@ -300,18 +306,21 @@ def test_measurements_by_family_and_from_a_dataframe(results_csv):
         to_measurements(frame.drop(columns=["seq_len"]))
 
 
-def write_samples(path, rows, per_call_ms):
-    lines = [",".join([*KEY, "round", "time_ms"])]
+def write_samples(folder, rows, per_call_ms):
+    """samples.jsonl as run speed keeps it, named in the sidecar."""
+    writer = SamplesWriter(folder / SAMPLES_NAME)
     for row in rows:
-        for i, ms in enumerate(per_call_ms):
-            lines.append(",".join([*(cell(row[c]) for c in KEY), str(i), str(ms)]))
-    path.write_text("\n".join(lines) + "\n")
+        writer.write(row, CaseSamples(tuple(per_call_ms)))
+    writer.close()
+    sidecar = {"files": {"rows": "results.csv", "samples": SAMPLES_NAME}}
+    (folder / "results.json").write_text(json.dumps(sidecar))
+    return folder / SAMPLES_NAME
 
 
-def test_measurements_use_the_samples_file_beside(tmp_path):
+def test_measurements_use_the_runs_own_samples(tmp_path):
     rows = [result_row(), result_row("local", params="window=64")]
     csv_path = write_results(tmp_path / "results.csv", rows)
-    write_samples(tmp_path / "samples.csv", rows[:1], [2.0, 1.8, 2.4, 2.1, 1.9])
+    write_samples(tmp_path, rows[:1], [2.0, 1.8, 2.4, 2.1, 1.9])
     ms = to_measurements(csv_path)
     assert ms[0].metadata["times"] == FROM_SAMPLES
     assert ms[0].times == pytest.approx([2.0e-3, 1.8e-3, 2.4e-3, 2.1e-3, 1.9e-3])
@@ -319,16 +328,29 @@ def test_measurements_use_the_samples_file_beside(tmp_path):
     assert ms[1].metadata["times"] == RECONSTRUCTED  # no samples for this case
 
 
+def test_measurements_from_a_real_run(tmp_path):
+    """What `run speed` writes, read back: every ok row from its own per-round samples."""
+    from attnbench.bench.config import load_suite, override
+    from attnbench.bench.run import run_speed
+
+    suite = override(load_suite("ci"), impls=["softmax"], lengths="64", direction="fwd", rounds=3)
+    run = run_speed(suite, tmp_path / "run")
+    ms = to_measurements(run.csv)
+    assert ms and all(m.metadata["times"] == FROM_SAMPLES for m in ms)
+    assert all(len(m.times) >= 3 for m in ms)
+
+
 def test_an_unreadable_samples_file_falls_back_with_a_warning(tmp_path):
     csv_path = write_results(tmp_path / "results.csv", [result_row()])
-    (tmp_path / "samples.csv").write_text("a,b\n1,2\n")
+    bad = write_samples(tmp_path, [], [])
+    bad.write_text("a,b\n1,2\n")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         ms = to_measurements(csv_path)
     assert ms[0].metadata["times"] == RECONSTRUCTED
-    assert any("not an attnbench samples CSV" in str(w.message) for w in caught)
-    with pytest.raises(AttnbenchError, match="not an attnbench samples CSV"):
-        to_measurements(csv_path, samples=tmp_path / "samples.csv")
+    assert any("not an attnbench samples line" in str(w.message) for w in caught)
+    with pytest.raises(AttnbenchError, match="not an attnbench samples line"):
+        to_measurements(csv_path, samples=bad)
 
 
 def test_measurements_need_ok_rows(tmp_path):

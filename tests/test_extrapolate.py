@@ -19,7 +19,12 @@ from attnbench.cli import app
 from attnbench.errors import AttnbenchError
 from attnbench.extrapolation.config import load_preset, resolve_variants
 from attnbench.extrapolation.entropy import EntropyOptions, run_entropy
-from attnbench.extrapolation.evaluate import LengthCheckError, evaluate, make_eval_stream
+from attnbench.extrapolation.evaluate import (
+    LengthCheckError,
+    evaluate,
+    make_eval_stream,
+    spread,
+)
 from attnbench.extrapolation.model import (
     MixerSpec,
     MLMEncoder,
@@ -276,15 +281,59 @@ def test_resume_equals_uninterrupted(tmp_path):
 
 def test_eval_windows_are_contiguous_and_masks_shared():
     heldout = (torch.arange(5000) % 251).to(torch.uint8)
-    stream = make_eval_stream(heldout, (16, 48, 64), tokens=192, mask_prob=0.15, seed=7)
-    assert stream.size == 3 * 64
+    whole = (("text", 0, 5000),)
+    stream = make_eval_stream(heldout, whole, (16, 48, 64), 192, 64, mask_prob=0.15, seed=7)
+    assert stream.size == 3 * 64 and stream.pieces == 3
     for n in (16, 48, 64):
         toks, mask = stream.windows(n)
-        assert toks.shape == (3 * 64 // n, n)
-        assert torch.equal(toks.flatten(), heldout[: toks.numel()].long())
-        assert torch.equal(mask.flatten(), stream.mask[: toks.numel()])
-    again = make_eval_stream(heldout, (16, 48, 64), tokens=192, mask_prob=0.15, seed=7)
-    assert torch.equal(again.mask, stream.mask)
+        assert toks.shape == (3 * (64 // n), n)
+        for w, start in enumerate(stream.starts):  # each window lies inside one piece
+            for j in range(64 // n):
+                row = toks[w * (64 // n) + j]
+                assert torch.equal(row, heldout[start + j * n : start + (j + 1) * n].long())
+    again = make_eval_stream(heldout, whole, (16, 48, 64), 192, 64, mask_prob=0.15, seed=7)
+    assert torch.equal(again.mask, stream.mask) and again.starts == stream.starts
+
+
+def test_eval_pieces_spread_over_every_held_out_work():
+    """Pieces go to every work in proportion to its length, evenly spaced, never across a
+    boundary, never overlapping; a corpus too short says what it needs."""
+    works = (("a", 0, 3000), ("b", 3001, 4001), ("c", 4002, 10002))
+    placed = spread(works, 10, 100)
+    counts = {name: sum(1 for n, _ in placed if n == name) for name, _, _ in works}
+    assert counts == {"a": 3, "b": 1, "c": 6}
+    starts = sorted(s for _, s in placed)
+    assert all(b - a >= 100 for a, b in zip(starts, starts[1:], strict=False))  # no overlap
+    for name, start in placed:
+        _, lo, hi = next(w for w in works if w[0] == name)
+        assert lo <= start and start + 100 <= hi
+    a_starts = [s for n, s in placed if n == "a"]
+    assert a_starts[0] > 0 and a_starts[-1] + 100 < 3000  # spread, not packed at the start
+    with pytest.raises(AttnbenchError, match="corpus too short"):
+        spread((("a", 0, 250),), 3, 100)
+
+
+def test_the_default_corpus_is_cut_at_a_play_boundary():
+    from attnbench.data.corpus import load_corpus
+
+    corpus = load_corpus()
+    split = corpus.split(0.1)
+    cut = split.train.numel()
+    assert split.at_boundary and cut in {w.offset for w in corpus.works}
+    assert 0.08 < split.heldout.numel() / len(corpus) < 0.12
+    first = split.works[0]
+    assert first[1] == 0  # the first held-out play starts the held-out stream: title and all
+    assert [w.name for w in corpus.works if w.offset >= cut] == [w[0] for w in split.works]
+
+
+def test_a_folder_corpus_is_cut_at_a_file_boundary(tmp_path):
+    from attnbench.data.corpus import load_corpus
+
+    for i, size in enumerate((5000, 3000, 1500, 600)):
+        (tmp_path / f"{i}.txt").write_text(chr(ord("a") + i) * size)
+    split = load_corpus(tmp_path).split(0.1)
+    assert split.at_boundary and [w[0] for w in split.works] == ["3.txt"]
+    assert bytes(split.heldout.tolist()) == b"d" * 600
 
 
 def _tiny_model(spec=MixerSpec("softmax"), heads=2):
@@ -294,7 +343,9 @@ def _tiny_model(spec=MixerSpec("softmax"), heads=2):
 
 def test_every_variant_sees_the_same_inputs():
     heldout = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
-    stream = make_eval_stream(heldout.to(torch.uint8), (16, 64), 256, 0.15, 3)
+    stream = make_eval_stream(
+        heldout.to(torch.uint8), (("t", 0, 4096),), (16, 64), 256, 64, 0.15, 3
+    )
     seen = {}
     for name, spec in (("O", MixerSpec("softmax")), ("E", MixerSpec("softmax-logn"))):
         model = _tiny_model(spec)
@@ -308,7 +359,7 @@ def test_every_variant_sees_the_same_inputs():
 
 def test_length_guard_catches_truncation():
     heldout = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
-    stream = make_eval_stream(heldout.to(torch.uint8), (64,), 128, 0.15, 3)
+    stream = make_eval_stream(heldout.to(torch.uint8), (("t", 0, 4096),), (64,), 128, 64, 0.15, 3)
     model = _tiny_model()
     evaluate(model, stream, 64)  # fine as built
     model.embed.register_forward_hook(lambda m, args, out: out[:, :32])  # a silent truncation
@@ -543,9 +594,9 @@ def test_help_has_an_example():
     ("text", "line", "words"),
     [
         ("[train]\nsteps = 10\nstep = 3\n", 3, ["unknown setting", "train.step"]),
-        ("[model]\n\nlayers = \"two\"\n", 3, ["model.layers"]),
+        ('[model]\n\nlayers = "two"\n', 3, ["model.layers"]),
         ("[modle]\nlayers = 2\n", 1, ["unknown section [modle]"]),
-        ("[variants.X]\npath = \"efficient\"\n", 1, ["needs mechanism"]),
+        ('[variants.X]\npath = "efficient"\n', 1, ["needs mechanism"]),
         ("[train]\nsteps = [1,\n", 2, ["malformed TOML"]),
     ],
 )

@@ -20,16 +20,14 @@ run in the case's dtype included):
   attnbench.testing's random-walk term for summing T x D products, and sqrt(T x D) probes.
 * rows with no visible key (where a mechanism's parameters allow them): exactly 0.
 
-Fused paths that cannot run on this machine are skipped (``path.unavailable``). Known failures
-of mechanisms outside the AFT family are listed in ``KNOWN_ISSUES`` with a reproduction each
-(strict xfail): the property tests skip exactly those cases, and fixing one turns its xfail red.
+Fused paths that cannot run on this machine are skipped (``path.unavailable``). No case is
+excused: every mechanism, path, dtype and scaling the strategies draw is checked.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -215,72 +213,6 @@ def build(case: Case) -> dict[str, torch.Tensor]:
 
 
 # ------------------------------------------------------------------------------------------------
-# Known failures outside the AFT family (reported, not fixed here)
-# ------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Known:
-    """A failure of a mechanism this file does not own. ``applies(case, path, beyond_range)``
-    says which drawn (case, path) pairs show it (``beyond_range``: the oracle's output exceeds
-    the dtype's range); ``example`` fails today (strict xfail in
-    ``test_known_issue_still_fails``: fixing the issue turns it red until the entry goes)."""
-
-    name: str
-    why: str
-    applies: Callable[[Case, Any, bool], bool]
-    example: Case
-    path: str
-
-
-def _relu2_float16(case: Case) -> bool:
-    """GAU-family relu² scores in float16 with stretched inputs."""
-    return (
-        case.mech.name in ("gau", "flash")
-        and case.params.get("scoring", "relu2") == "relu2"
-        and case.dtype == torch.float16
-        and case.scaling != UNIT
-    )
-
-
-KNOWN_ISSUES: tuple[Known, ...] = (
-    Known(
-        "gau-reference-float16-overflow",
-        "gau and flash references evaluate relu²(Q K^T) in float16, which overflows (65504) once "
-        "|q.k| > 256: NaN/inf where the float64 oracle (and the output) is finite",
-        lambda case, path, beyond: _relu2_float16(case) and path.kind == "reference",
-        Case(registry.get("gau"), torch.float16, False, 4, EXTREME[0], 0),
-        "reference",
-    ),
-    Known(
-        "gau-float16-output-overflow-not-refused",
-        "gau and flash efficient paths return inf, not an AttnbenchError, when the output itself "
-        "is beyond float16's range",
-        lambda case, path, beyond: _relu2_float16(case) and beyond,
-        Case(registry.get("gau"), torch.float16, True, 7, EXTREME[0], 7),
-        "efficient",
-    ),
-    Known(
-        "linear-elu-feature-map-cancels",
-        "linear's feature map elu(x) + 1 is computed as (e^x - 1) + 1, which is 0 once e^x < "
-        "eps/2 (x < -17 in float32, -8 in float16): rows whose features are all that negative "
-        "give 0 (or the eps-regularised ratio of roundings) where the float64 oracle gives O(1)",
-        lambda case, path, beyond: (
-            case.mech.name == "linear"
-            and case.params.get("feature_map") == "elu+1"
-            and case.scaling != UNIT
-        ),
-        Case(registry.get("linear"), torch.float16, False, 18, EXTREME[0], 2),
-        "reference",
-    ),
-)
-
-
-def known_issue(case: Case, path: Any, beyond_range: bool) -> str | None:
-    return next((k.name for k in KNOWN_ISSUES if k.applies(case, path, beyond_range)), None)
-
-
-# ------------------------------------------------------------------------------------------------
 # The check
 # ------------------------------------------------------------------------------------------------
 
@@ -323,13 +255,11 @@ def check(
     case: Case,
     paths: list[Any] | None = None,
     *,
-    skip_known: bool = True,
     empty_rows: torch.Tensor | None = None,
-) -> list[str]:
+) -> None:
     """Every path (default: all runnable ones) against the float64 oracle: finite where the
     oracle is, a clear error where its value is beyond the dtype's range, within the bound; the
-    query rows ``empty_rows`` (bool [T]: no visible key) exactly 0. Returns the known issues it
-    skipped."""
+    query rows ``empty_rows`` (bool [T]: no visible key) exactly 0."""
     x = build(case)
     oracle_inputs = {name: t.double() for name, t in x.items()}
     with torch.no_grad():
@@ -339,12 +269,7 @@ def check(
     limit = torch.finfo(case.dtype).max
     scale = big if big > 0 else 1.0  # an all-zero oracle is judged at unit scale
     moved = None  # the probe, computed only if some path needs more than the rounding part
-    skipped = []
     for path in paths if paths is not None else case.paths:
-        issue = known_issue(case, path, big > limit)
-        if skip_known and issue:
-            skipped.append(issue)
-            continue
         where = f"{case.mech.name}:{path.name} on {case}"
         if big > limit:  # the defined output is not representable: only a clear error will do
             with pytest.raises(AttnbenchError):
@@ -376,7 +301,6 @@ def check(
             f"({error / (eps(case.dtype) * scale):.3g} ulps) > allowed {allowed:.3g}; a one-ulp "
             f"perturbation of the inputs moves the oracle by {moved:.3g}"
         )
-    return skipped
 
 
 def check_drawn(
@@ -392,13 +316,11 @@ def check_drawn(
         one = replace(case, dtype=dtype, params=dict(case.params))
         note(str(one))
         try:
-            skipped = check(one, empty_rows=empty_rows)
+            check(one, empty_rows=empty_rows)
         except Rejected as e:
             note(f"rejected: {e}")
             assume(False)
         event(f"{str(dtype).removeprefix('torch.')} {case.scaling.name}")
-        for issue in skipped:
-            event(f"path skipped, known issue: {issue}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -462,9 +384,28 @@ def test_rows_with_no_visible_key(case):
     check_drawn(case, empty_rows=empty)
 
 
-@pytest.mark.parametrize("known", KNOWN_ISSUES, ids=[k.name for k in KNOWN_ISSUES])
-@pytest.mark.xfail(strict=True, raises=(AssertionError, pytest.fail.Exception))
-def test_known_issue_still_fails(known):
-    """Each known issue's minimal reproduction fails today (see ``KNOWN_ISSUES``)."""
-    path = known.example.mech.path(known.path)
-    check(known.example, [path], skip_known=False)
+#: Minimal reproductions of failures these checks once found, kept as fixed examples so that they
+#: stay checked whatever hypothesis draws: (mechanism, path, causal, T, scaling, seed).
+FOUND = [
+    # relu²(q.k) evaluated in float16 overflowed at |q.k| > 255.9 though the output is ~9000
+    ("gau", "reference", False, 4, EXTREME[0], 0),
+    ("flash", "reference", False, 64, EXTREME[0], 0),
+    # the output itself (~88000) is beyond float16: inf was returned, now a clear error
+    ("gau", "efficient", True, 7, EXTREME[0], 7),
+    # elu(x) + 1 as (e^x - 1) + 1 cancelled to 0 for x < -8 (float16), -17 (float32)
+    ("linear", "reference", False, 18, EXTREME[0], 2),
+    ("linear", "chunkwise", True, 18, EXTREME[0], 2),
+    # AFT's separate stabilisers of K and w: 0/0 in every float16 draw at std 5, T = 129
+    ("aft-full", "efficient", False, 129, EXTREME[1], 0),
+    ("aft-full", "efficient", True, 129, EXTREME[1], 1),
+    # retention's state summed in bfloat16 drifted ~100 % of the output scale by T = 1000
+    ("retention", "recurrent", True, 1000, UNIT, 0),
+]
+
+
+@pytest.mark.parametrize("dtype", ALL, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("found", FOUND, ids=lambda f: f"{f[0]}:{f[1]}:T={f[3]}:{f[4].name}")
+def test_found_failures_stay_fixed(found, dtype):
+    name, path, causal, t, scaling, seed = found
+    mech = registry.get(name)
+    check(Case(mech, dtype, causal, t, scaling, seed), [mech.path(path)])

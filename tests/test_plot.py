@@ -4,6 +4,7 @@ numbers and ranking, and the figures (or none, or JSON) at the end of ``attnbenc
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -265,3 +266,20 @@ def test_run_speed_bad_format_is_a_usage_error(tmp_path):
     assert result.exit_code == 2
     assert "--format 'yaml': accepted: table, json" in result.stderr
     assert not out.exists()
+
+
+def test_plot_redraws_the_extrapolation_figure(tmp_path):
+    """`attnbench plot extrapolate.csv` redraws its accuracy figure (the committed table's)."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    source = Path(__file__).resolve().parent.parent / "results/extrapolate/cpu-families"
+    for name in ("extrapolate.csv", "extrapolate.json"):
+        shutil.copy(source / name, tmp_path / name)
+    result = CliRunner().invoke(app, ["plot", str(tmp_path / "extrapolate.csv")])
+    assert result.exit_code == 0, result.output
+    figure = tmp_path / "accuracy_vs_length.png"
+    assert figure.is_file() and figure.stat().st_size > 10_000

@@ -172,3 +172,81 @@ def test_check_refuses_a_reference_that_cannot_fit(monkeypatch):
     check_cmd.refuse_if_too_big(Shape(1, 1, 2000, 32))  # 128 MB: fits
     with pytest.raises(AttnbenchError, match="up to about 5181"):
         check_cmd.refuse_if_too_big(Shape(1, 1, 20000, 32))
+
+
+# ------------------------------------------------------------------------------------------------
+# Full disk while rows are written; the machine's load and thread count
+# ------------------------------------------------------------------------------------------------
+
+
+def test_a_full_disk_leaves_no_half_row(tmp_path, monkeypatch):
+    """A row the disk cannot take is cut off again: the file ends with the last whole row, and
+    the error names the file and the cause."""
+    import errno
+
+    from attnbench.bench import results
+    from attnbench.bench.results import ResultsWriter, read_results
+    from tests.test_export import result_row
+
+    path = tmp_path / "results.csv"
+    writer = ResultsWriter(path)
+    writer.write(result_row())
+    real_write = os.write
+
+    def half_then_full(fd, data):
+        if len(data) > 20:
+            real_write(fd, bytes(data[:20]))  # the disk takes part of the row, then is full
+            return 20
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(results.os, "write", half_then_full)
+    with pytest.raises(AttnbenchError, match=r"cannot write .*results.csv: No space left"):
+        writer.write(result_row(n=512))
+    monkeypatch.setattr(results.os, "write", real_write)
+    writer.close()
+    text = path.read_text()
+    assert text.endswith("\n") and len(read_results(path)) == 1
+
+
+def test_busy_and_oversubscribed_machines_are_named():
+    from attnbench.measure.machine import busy_reason, oversubscribed
+
+    assert busy_reason(0.2, threads=2, cores=2) is None
+    assert busy_reason(1.4, threads=1, cores=2) is None  # the run's own core is free
+    said = busy_reason(2.5, threads=2, cores=2)
+    assert said and "load 2.5 on 2 cores" in said and "noisy" in said
+    assert busy_reason(None, threads=2, cores=2) is None  # no load average on this OS
+    assert oversubscribed(2, cores=2) is None
+    said = oversubscribed(1000, cores=2)
+    assert said and "1000 threads on 2 usable cores" in said and "at most 2" in said
+
+
+def test_the_load_is_recorded_before_and_during_a_run():
+    from attnbench.measure.machine import LoadWatch
+
+    watch = LoadWatch(threads=1, every=0.05).start()
+    time.sleep(0.3)
+    load = watch.stop()
+    if load is None:
+        pytest.skip("this OS has no load average")
+    assert load["samples"] >= 2 and len(load["before_1_5_15min"]) == 3
+    assert load["during_1min_max"] >= load["during_1min_median"] >= 0
+    assert load["others_before"] == load["before_1_5_15min"][0]
+    expected = max(0.0, load["during_1min_median"] - 1)
+    assert load["others_during"] == pytest.approx(expected, abs=0.02)
+
+
+def test_threads_beyond_the_cores_warn_and_the_sidecar_keeps_the_load(tmp_path):
+    import json
+
+    done = attnbench(
+        "run", "speed", "--suite", "ci", "--impl", "softmax:efficient", "--lengths", "64",
+        "--direction", "fwd", "--rounds", "3", "--threads", "1000", "--no-plot",
+        "--out", "run", cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "1000 threads on" in done.stderr and "usable cores" in done.stderr
+    side = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert any("1000 threads" in w for w in side["warnings"])
+    if hasattr(os, "getloadavg"):
+        assert side["load"]["samples"] >= 1 and side["load"]["cores"] >= 1

@@ -18,10 +18,11 @@ Each ``ok`` row becomes one Measurement: ``label`` "attention" (or the mechanism
 and parameters (``local:efficient(window=64)``: Compare's columns), ``num_threads`` the row's
 torch thread count, ``env`` left unset so that a user's own Measurements share the rows.
 
-Times. A Measurement holds raw times, each for ``number_per_run`` calls. When a per-round samples
-file lies beside the results CSV (``samples.csv`` or ``<stem>.samples.csv``: the KEY columns and
-``time_ms``, milliseconds per call, one row per timed round), its samples are the raw times, each
-for ``calls_per_sample`` calls (a round times a block of calls). Otherwise only three numbers of
+Times. A Measurement holds raw times, each for ``number_per_run`` calls. When the run kept its
+per-round samples (``samples.jsonl`` beside the CSV, named in the sidecar's ``files``: one JSON
+line per case, its key columns and ``time_ms``, milliseconds per call, one per timed round), they
+are the raw times, each for ``calls_per_sample`` calls (a round times a block of calls). Results
+from before samples were kept, and the committed baselines, have none: only three numbers of
 the distribution are known: the median and the 20th and 80th percentiles. They are used as three
 raw times (so the Measurement's median is the CSV's median exactly) and
 ``metadata["times"]`` says so; the Measurement's IQR is then (p80 - p20) / 2 (the quartiles of
@@ -40,13 +41,17 @@ from torch.utils.benchmark import Measurement
 from torch.utils.benchmark.utils.common import TaskSpec
 
 from attnbench.bench.export import case_impl, case_shape
-from attnbench.bench.results import KEY, cell, plain, read_results
+from attnbench.bench.results import (
+    KEY,
+    CaseSamples,
+    plain,
+    read_results,
+    read_samples,
+    read_samples_file,
+    row_key,
+)
 from attnbench.errors import AttnbenchError
 
-#: Where a samples file may lie, relative to the results CSV.
-SAMPLE_FILES = ("samples.csv", "{stem}.samples.csv")
-#: The per-call time column of a samples file (milliseconds), in order of preference.
-SAMPLE_TIME_COLUMNS = ("time_ms", "sample_ms")
 RECONSTRUCTED = "median, p20, p80 only (no per-round samples file): three raw times"
 FROM_SAMPLES = "per-round samples"
 
@@ -59,57 +64,30 @@ def _int(row: Row, column: str, default: int) -> int:
     return default if value is None else int(value)
 
 
-def find_samples_file(results_csv: Path) -> Path | None:
-    for pattern in SAMPLE_FILES:
-        candidate = results_csv.with_name(pattern.format(stem=results_csv.stem))
-        if candidate.is_file():
-            return candidate
-    return None
+def _warn(message: str) -> None:
+    warnings.warn(
+        f"{message}; using median, p20 and p80 only where samples are missing", stacklevel=5
+    )
 
 
-def read_samples(path: Path) -> Samples:
-    """Per-call times in ms by case key, from a samples CSV (KEY columns + time_ms)."""
-    try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (OSError, ValueError, pd.errors.ParserError) as e:
-        raise AttnbenchError(f"{path}: not a readable samples CSV ({e})") from None
-    missing = [c for c in KEY if c not in frame.columns]
-    column = next((c for c in SAMPLE_TIME_COLUMNS if c in frame.columns), None)
-    if missing or column is None:
-        lacks = missing + ([] if column else [" or ".join(SAMPLE_TIME_COLUMNS)])
-        raise AttnbenchError(f"{path}: not an attnbench samples CSV (it lacks {', '.join(lacks)})")
-    samples: Samples = {}
-    for record in frame.to_dict("records"):
-        key = tuple(str(record[c]) for c in KEY)
-        try:
-            samples.setdefault(key, []).append(float(record[column]))
-        except ValueError:
-            raise AttnbenchError(f"{path}: {column} holds {record[column]!r}") from None
-    return samples
+def _times(found: Mapping[tuple[str, ...], CaseSamples] | None) -> Samples:
+    return {key: list(s.time_ms) for key, s in (found or {}).items()}
 
 
 def _samples_beside(results_csv: Path) -> Samples:
-    """The samples file found beside a results CSV; unreadable ones are a warning, not an
+    """The run's own samples file (the sidecar names it); an unreadable one is a warning, not an
     error (the three known times are used instead)."""
-    path = find_samples_file(results_csv)
-    if path is None:
-        return {}
     try:
-        return read_samples(path)
+        return _times(read_samples(results_csv, warn=_warn))
     except AttnbenchError as e:
-        warnings.warn(f"{e}; using median, p20 and p80 only", stacklevel=4)
+        _warn(str(e))
         return {}
-
-
-def case_key(row: Row) -> tuple[str, ...]:
-    """A row's KEY cells as the CSV writes them (how a samples file names its case)."""
-    return tuple(cell(plain(row.get(c))) for c in KEY)
 
 
 def _raw_times(row: Row, samples: Samples) -> tuple[list[float], int, str]:
     """Seconds per run of ``number_per_run`` calls, that number, and where they came from."""
     calls = max(1, _int(row, "calls_per_sample", 1))
-    per_call_ms = samples.get(case_key(row))
+    per_call_ms = samples.get(row_key(row))
     how = FROM_SAMPLES
     if not per_call_ms:
         per_call_ms = [row["time_p20_ms"], row["time_median_ms"], row["time_p80_ms"]]
@@ -165,7 +143,7 @@ def _frame_and_samples(
         frame = read_results(results)
         found = _samples_beside(Path(results)) if samples is None else {}
     if samples is not None:
-        found = read_samples(Path(samples))
+        found = _times(read_samples_file(Path(samples), warn=_warn))
     return frame, found
 
 
@@ -179,8 +157,8 @@ def to_measurements(
     """Every ok row of a results CSV (or of the DataFrame ``read_results`` gives) as a
     ``torch.utils.benchmark.Measurement``, for ``torch.utils.benchmark.Compare``.
 
-    ``samples``: a per-round samples CSV to use (default: the one beside the results CSV, if
-    any). ``by_family``: label each Measurement with its mechanism's family (one Compare table
+    ``samples``: a samples file (``samples.jsonl``) to use (default: the run's own, if it kept
+    one). ``by_family``: label each Measurement with its mechanism's family (one Compare table
     per family) instead of ``label``.
     """
     frame, found = _frame_and_samples(results, samples)

@@ -17,15 +17,17 @@ A run killed while writing leaves a half-written last line; both readers drop it
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import pandas as pd
 
@@ -135,8 +137,51 @@ def cut_unterminated_line(path: Path) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
+class LineFile:
+    """A file that grows by whole lines: each line is written and reaches the OS at once
+    (unbuffered), or, when the write fails (a full disk), what it wrote of the line is cut off
+    again and an AttnbenchError names the file and the cause; the lines before stay intact."""
+
+    def __init__(self, path: Path, append: bool) -> None:
+        self.path = path
+        self.lines = 0
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+        try:
+            self._fd: int | None = os.open(path, flags, 0o644)
+        except OSError as e:
+            raise AttnbenchError(f"cannot write {path}: {e.strerror or e}") from None
+
+    def write(self, line: str) -> None:
+        if self._fd is None:
+            raise AttnbenchError(f"{self.path} is closed")
+        data = line.encode("utf-8")
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, start)
+            kept = f"; the {self.lines} lines before are intact" if self.lines else ""
+            raise AttnbenchError(f"cannot write {self.path}: {e.strerror or e}{kept}") from None
+        self.lines += 1
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _csv_line(cells: Sequence[Any]) -> str:
+    buffer = io.StringIO()
+    csv.writer(buffer).writerow(cells)
+    return buffer.getvalue()
+
+
 class ResultsWriter:
-    """Appends rows to a new CSV, flushing after each one so nothing finished is ever lost."""
+    """Appends rows to a new CSV, each one reaching the OS as it is written, so nothing
+    finished is ever lost (and a failed write leaves no half row: :class:`LineFile`)."""
 
     def __init__(self, path: Path, append: bool = False) -> None:
         """``append``: continue an existing results file (its header is kept; a half-written
@@ -145,19 +190,16 @@ class ResultsWriter:
         append = append and path.is_file() and path.stat().st_size > 0
         if append:
             cut_unterminated_line(path)
-        self._file: TextIO = path.open("a" if append else "w", newline="", encoding="utf-8")
-        self._csv = csv.writer(self._file)
+        self._file = LineFile(path, append)
         if not append:
-            self._csv.writerow(COLUMNS)
-        self._file.flush()
+            self._file.write(_csv_line(COLUMNS))
         self.rows = 0
 
     def write(self, row: Mapping[str, Any]) -> None:
         extra = set(row) - set(COLUMNS)
         if extra:
             raise KeyError(f"not results columns: {sorted(extra)}")
-        self._csv.writerow([cell(row.get(c)) for c in COLUMNS])
-        self._file.flush()
+        self._file.write(_csv_line([cell(row.get(c)) for c in COLUMNS]))
         self.rows += 1
 
     def close(self) -> None:
@@ -301,7 +343,7 @@ class SamplesWriter:
         append = append and path.is_file()
         if append:
             cut_unterminated_line(path)
-        self._file: TextIO = path.open("a" if append else "w", encoding="utf-8")
+        self._file = LineFile(path, append)
 
     def write(self, row: Mapping[str, Any], samples: CaseSamples) -> None:
         record = {c: row.get(c) for c in KEY}
@@ -311,7 +353,6 @@ class SamplesWriter:
             matmul_ratio=_rounded(samples.matmul_ratio),
         )
         self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
 
     def close(self) -> None:
         self._file.close()
@@ -352,6 +393,13 @@ def read_samples(
     path = samples_path(csv_path)
     if path is None or not path.is_file():
         return None
+    return read_samples_file(path, warn)
+
+
+def read_samples_file(
+    path: Path, warn: Warn = warn_on_stderr
+) -> dict[tuple[str, ...], CaseSamples]:
+    """The per-round samples in a samples file (``samples.jsonl``) by case key."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

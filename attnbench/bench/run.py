@@ -180,6 +180,7 @@ class Reporter(Protocol):
 
     def start(self, total: int, description: str) -> None: ...
     def note(self, text: str) -> None: ...
+    def warning(self, text: str) -> None: ...
     def group(self, label: str) -> None: ...
     def row(self, row: Mapping[str, Any]) -> None: ...
     def finish(self) -> None: ...
@@ -188,6 +189,7 @@ class Reporter(Protocol):
 class Silent:
     def start(self, total: int, description: str) -> None: ...
     def note(self, text: str) -> None: ...
+    def warning(self, text: str) -> None: ...
     def group(self, label: str) -> None: ...
     def row(self, row: Mapping[str, Any]) -> None: ...
     def finish(self) -> None: ...
@@ -226,6 +228,9 @@ class SpeedRun:
     not_run: list[str]
     wall_s: float
     stopped: str | None = None  # why the sweep ended early other than Ctrl-C (sticky CUDA error)
+    #: The machine's load before and during the run (sidecar ``load``), and what it says.
+    load: dict[str, Any] | None = None
+    busy: str | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -626,6 +631,15 @@ def run_speed(
     threads = suite.thread_count()
     torch.set_num_threads(threads)
     started = time.perf_counter()
+    watch = machine.LoadWatch(threads).start()
+    before = [
+        w
+        for w in (
+            machine.oversubscribed(threads),
+            machine.busy_reason(watch.before[0] if watch.before else None, threads),
+        )
+        if w
+    ]
     sidecar: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "kind": "attnbench-speed",
@@ -642,6 +656,8 @@ def run_speed(
         "git": machine.git_state(),
         "conventions": CONVENTIONS,
         "files": {"rows": CSV_NAME, "complexity": COMPLEXITY_NAME, "samples": SAMPLES_NAME},
+        "load": {"before_1_5_15min": list(watch.before) if watch.before else None},
+        "warnings": before,
     }
     if device.type == "cuda":
         sidecar["cuda"] = cuda_state(suite, device)
@@ -655,12 +671,15 @@ def run_speed(
         runner.resume_from(previous)
         sidecar["resumed_with_rows"] = len(previous)
     try:
+        for w in before:
+            reporter.warning(w)
         reporter.start(total, f"{suite.name} on {machine.device_name(device)}")
         interrupted = runner.run()
     finally:
         writer.close()
         samples_writer.close()
         torch.set_num_threads(threads_before)
+        load = watch.stop()
         reporter.finish()
     wall = time.perf_counter() - started
     exponents = fit_exponents(pd.DataFrame(runner.rows, columns=list(COLUMNS)))
@@ -685,7 +704,11 @@ def run_speed(
         counts={s: sum(1 for r in runner.rows if r["status"] == s) for s in _statuses(runner.rows)},
         noisy_rows=sum(1 for r in runner.rows if r.get("noisy")),
         not_run=not_run,
+        load=load,
     )
+    busy = machine.busy_reason(load["others_during"], threads) if load else None
+    if busy:
+        sidecar["warnings"] = [*before, f"during the run, {busy}"]
     _write_json(side_path, sidecar)
     return SpeedRun(
         out_dir=out_dir,
@@ -699,6 +722,8 @@ def run_speed(
         not_run=not_run,
         wall_s=wall,
         stopped=runner.stopped,
+        load=load,
+        busy=busy,
     )
 
 

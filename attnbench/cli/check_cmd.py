@@ -92,9 +92,7 @@ def check(
             table.add_row(p.name, "-", "-", "-", "-", f"[yellow]skipped: {reason}[/yellow]")
             continue
         try:
-            verdicts = compare_paths(
-                p, mech.reference, inputs, kwargs, backward=mech.backward
-            )
+            verdicts = compare_paths(p, mech.reference, inputs, kwargs, backward=mech.backward)
         except AttnbenchError as e:  # the path refuses these params / this call
             if path:  # asked for by name: one line, exit 2
                 raise

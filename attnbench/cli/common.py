@@ -61,9 +61,7 @@ def parse_params(
     for item in items or []:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise AttnbenchError(
-                f"{option} {item!r} is not NAME=VALUE (e.g. {option} {example})"
-            )
+            raise AttnbenchError(f"{option} {item!r} is not NAME=VALUE (e.g. {option} {example})")
         params[key.strip()] = value.strip()
     return params
 

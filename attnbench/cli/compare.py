@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from attnbench.bench.compare import (
+from attnbench.bench.thresholds import (
     MEM_SLACK_BYTES,
     MEM_TOLERANCE,
     MEM_TOLERANCE_OTHER,
@@ -18,15 +18,12 @@ from attnbench.bench.compare import (
     P_VALUE,
     REF_TIME_RATIO,
     TIME_RATIO,
-    Comparison,
-    Line,
-    Thresholds,
-    as_json,
-    compare,
-    markdown,
 )
 from attnbench.cli.common import err, out
 from attnbench.errors import AttnbenchError
+
+if TYPE_CHECKING:  # the comparison itself (pandas, numpy) is imported when a command runs
+    from attnbench.bench.compare import Comparison, Line
 
 STYLE = {
     "worse": "bold red",
@@ -126,6 +123,8 @@ def compare_cmd(
     for name, value in (("--mem-tolerance", mem_tolerance), ("--mem-slack", mem_slack)):
         if value < 0:
             raise AttnbenchError(f"{name} {value}: accepted: a number >= 0")
+    from attnbench.bench.compare import Thresholds, as_json, compare
+
     thresholds = Thresholds(
         time_ratio=time_ratio,
         ref_time_ratio=ref_time_ratio,
@@ -150,9 +149,13 @@ def compare_cmd(
 
 
 def _write_markdown(path: Path, result: Comparison, show_all: bool) -> None:
+    """Whole or not at all: a full disk leaves no partial file (and any older one as it was)."""
+    from attnbench.bench.compare import markdown
+    from attnbench.outputs import ensure_dir, write_text
+
+    ensure_dir(path.parent, "folder for --markdown")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(markdown(result, show_all), encoding="utf-8")
+        write_text(path, markdown(result, show_all))
     except OSError as e:
         raise AttnbenchError(f"--markdown {path}: cannot write there ({e.strerror})") from None
 

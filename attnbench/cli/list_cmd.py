@@ -6,56 +6,18 @@ import csv
 import json
 import sys
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from attnbench.cli.common import out, short_reason
 
-if TYPE_CHECKING:
-    from attnbench.spec import Mechanism
-
 
 class Format(str, Enum):
     table = "table"
     json = "json"
     csv = "csv"
-
-
-def describe(mech: Mechanism, device: str) -> dict[str, Any]:
-    """One registry entry as plain data, with each path's availability on ``device``."""
-    return {
-        "name": mech.name,
-        "aliases": list(mech.aliases),
-        "family": mech.family,
-        "description": mech.description,
-        "source": mech.source,
-        "sources": [s.plain() for s in mech.sources],
-        "time": mech.time,
-        "memory": mech.memory,
-        "causal": mech.causal,
-        "bidirectional": mech.bidirectional,
-        "backward": mech.backward,
-        "dtypes": [str(d).removeprefix("torch.") for d in mech.dtypes],
-        "params": {p.name: _plain(p.default) for p in mech.params},
-        "params_text": {p.name: p.text(p.default) for p in mech.params},
-        "extra_inputs": [e.name for e in mech.extra_inputs],
-        "paths": [
-            {
-                "name": p.name,
-                "kind": p.kind,
-                "memory": p.memory,
-                "available": p.unavailable(device) is None,
-                "reason": p.unavailable(device) or "",
-            }
-            for p in mech.paths
-        ],
-    }
-
-
-def _plain(value: Any) -> Any:
-    return [_plain(v) for v in value] if isinstance(value, tuple) else value
 
 
 def _paths_cell(entry: dict[str, Any]) -> str:
@@ -103,21 +65,20 @@ def list_mechanisms(
 ) -> None:
     """List every registered mechanism: family, source, complexity, parameters and paths.
 
-    Paths that cannot run on this machine are shown with the reason.
+    Paths that cannot run on this machine are shown with the reason. Reads the registry's
+    snapshot when it matches the installed code (no torch import: about 0.3 s).
 
     Example: [bold]attnbench list --format json[/bold]
     """
-    import torch
+    from attnbench import capabilities, catalogue
 
-    from attnbench import registry
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    mechs = [m for m in registry.MECHANISMS if family is None or m.family == family]
-    if family is not None and not mechs:
+    device = "cuda" if capabilities.cuda_available() else "cpu"
+    every = catalogue.entries(device)
+    entries = [e for e in every if family is None or e["family"] == family]
+    if family is not None and not entries:
         from attnbench.errors import unknown
 
-        raise unknown("family", family, registry.families())
-    entries = [describe(m, device) for m in mechs]
+        raise unknown("family", family, list(dict.fromkeys(e["family"] for e in every)))
     if format is Format.json:
         json.dump(entries, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -13,7 +13,9 @@ from attnbench.cli.common import err, out
 def plot_cmd(
     results: Annotated[
         Path,
-        typer.Argument(help="A results CSV of run speed, or curves.csv of run extrapolate."),
+        typer.Argument(
+            help="A results CSV of run speed, or extrapolate.csv / curves.csv of run extrapolate."
+        ),
     ],
     out_dir: Annotated[
         Path | None,
@@ -25,13 +27,18 @@ def plot_cmd(
     one figure of each per direction and causal flag (time-*.png, memory-*.png); and
     headline.png: each efficient path's speed-up and memory relative to dense SDPA at the
     longest n it reached. Where a series stops, a marker says why (oom, skipped, unsupported).
-    Given the curves.csv of `run extrapolate`: the training loss against step.
+    Given the extrapolate.csv of `run extrapolate`: its accuracy figure, redrawn (default:
+    beside the CSV). Given its curves.csv: the training loss against step.
 
     Example: [bold]attnbench plot results/speed/cpu/results.csv --format svg[/bold]
     """
     from attnbench.bench.plot import plot_results  # matplotlib only when plotting
     from attnbench.extrapolation.curves import is_curves_csv, plot_curves
+    from attnbench.extrapolation.report import figure_from_csv, is_table_csv
 
+    if is_table_csv(results):  # extrapolate.csv of run extrapolate: accuracy against length
+        out.print(f"wrote {figure_from_csv(results, out_dir, format)}")
+        return
     if is_curves_csv(results):  # curves.csv of run extrapolate: loss against step
         for path in plot_curves(results, out_dir, format):
             out.print(f"wrote {path}")

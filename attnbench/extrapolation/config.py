@@ -32,12 +32,20 @@ class EvalConfig:
     """How to evaluate (not part of the checkpoint key: ``--eval-only`` may change all of it)."""
 
     lengths: tuple[int, ...] = (64, 128, 256, 512, 1024)  # evaluation lengths n
-    tokens: int = 65536  # the held-out span evaluated at every n (span // n windows of n)
+    tokens: int = 65536  # the held-out span evaluated at every n (tokens // chunk pieces)
+    #: Contiguous tokens per piece of the span: see :meth:`piece`.
+    chunk: int = 1024
     seed: int = 1234  # fixes the masked positions of the span (same for every variant)
     batch_tokens: int = 4096  # tokens per evaluation batch
     entropy_tokens: int = 2048  # attention entropy on the first tokens of the span (>= 1 window)
     local_window: int = 0  # eval-time "local": keys within +-local_window; 0 means L/2
     rerope_window: int = 0  # eval-time "rerope": relative positions clipped at +-w; 0 means L/2
+
+    def piece(self) -> int:
+        """Tokens per piece of the evaluation span: ``chunk`` (at most ``tokens``), raised to
+        the longest length when that is longer. Adding or dropping lengths up to it never moves
+        the pieces, so it never changes the other lengths' numbers."""
+        return max(max(self.lengths), min(self.chunk, self.tokens))
 
     def check(self) -> None:
         bad = [n for n in self.lengths if n < 1]
@@ -45,7 +53,7 @@ class EvalConfig:
             raise AttnbenchError(
                 f"invalid evaluation lengths {list(self.lengths)}; accepted: integers >= 1"
             )
-        for name in ("tokens", "batch_tokens"):
+        for name in ("tokens", "batch_tokens", "chunk"):
             if getattr(self, name) < 1:
                 raise AttnbenchError(f"invalid eval {name}={getattr(self, name)}; accepted: >= 1")
         for name in ("entropy_tokens", "local_window", "rerope_window"):

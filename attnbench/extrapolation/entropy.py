@@ -193,7 +193,7 @@ def model_rows(cfg: ExtrapConfig, opts: EntropyOptions, notes: list[str]) -> lis
             continue
         if key["corpus_sha256"] != corpus.sha256:
             notes.append(f"{path.name} was trained on another corpus than {corpus.name}")
-        _, heldout = corpus.split(key["holdout"])
+        heldout = corpus.split(key["holdout"]).heldout
         model_cfg = ModelConfig(**key["model"])
         mixer = MixerSpec(key["mixer"]["mechanism"], key["mixer"]["path"], key["mixer"]["params"])
         model = build_model(model_cfg, mixer)

@@ -1,12 +1,14 @@
 """Evaluating the MLM encoder at other lengths: one held-out stream, the same masks for everyone.
 
-The evaluation span is the first ``tokens`` tokens of the held-out stream, whatever the lengths
-(adding a length never changes the other lengths' numbers). Its masked positions are drawn once
-(each position with probability ``mask_prob``, generator seeded by ``eval_seed``), so every
-variant, every training seed and every length n sees the same text with the same positions
-masked. At length n the span is cut into ``span // n`` contiguous windows of
-exactly n tokens (never padded, never tiled; with n not dividing the span, the tail is left out and
-the row says how many tokens were evaluated).
+The evaluation span is ``tokens // chunk`` pieces of ``chunk`` contiguous held-out tokens, spread
+evenly over every held-out work (each work gets pieces in proportion to its length, evenly spaced
+inside it; no piece crosses from one work into the next), whatever the lengths: adding a length
+never changes the other lengths' numbers. Its masked positions are drawn once (each position with
+probability ``mask_prob``, generator seeded by ``eval_seed``), so every variant, every training
+seed and every length n sees the same text with the same positions masked. At length n each piece
+is cut into ``chunk // n`` contiguous windows of exactly n tokens (never padded, never tiled, never
+across two pieces; with n not dividing the chunk, each piece's tail is left out and the row says
+how many tokens were evaluated).
 
 :class:`LengthGuard` checks, at every block's mixer, that the sequences reaching the model really
 have the length being evaluated (no silent truncation anywhere). :class:`EntropyProbe` measures the
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -40,51 +42,109 @@ class LengthCheckError(AssertionError):
 
 @dataclass(frozen=True)
 class EvalStream:
-    """The evaluation span: tokens [S] (uint8) and its fixed mask [S] (bool)."""
+    """The evaluation span: tokens [S] (uint8) and its fixed mask [S] (bool), S = pieces x
+    ``chunk`` contiguous held-out tokens; ``starts`` says where each piece begins in the held-out
+    stream and ``works`` which work it is from."""
 
     tokens: Tensor
     mask: Tensor
-    offset: int = 0  # where the span starts in the held-out stream
+    chunk: int
+    starts: tuple[int, ...] = ()
+    works: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
         return self.tokens.numel()
 
+    @property
+    def pieces(self) -> int:
+        return self.size // self.chunk
+
     def windows(self, n: int) -> tuple[Tensor, Tensor]:
-        """Contiguous windows of exactly n tokens: (tokens [W, n] long, mask [W, n] bool)."""
+        """Windows of exactly n contiguous tokens inside the pieces: (tokens [W, n] long, mask
+        [W, n] bool), W = pieces x (chunk // n)."""
         if n < 1:
             raise AttnbenchError(f"invalid evaluation length {n}; accepted: an integer >= 1")
-        w = self.size // n
-        if w < 1:
-            raise AttnbenchError(f"evaluation span of {self.size} tokens is shorter than n={n}")
-        toks = self.tokens[: w * n].view(w, n).long()  # (W, n)
-        return toks, self.mask[: w * n].view(w, n)
+        per = self.chunk // n
+        if per < 1:
+            raise AttnbenchError(
+                f"evaluation length n={n} is longer than the span's pieces of {self.chunk} "
+                f"tokens; accepted: eval.chunk >= the longest length (--set eval.chunk={n})"
+            )
+        used = per * n
+        toks = self.tokens.view(self.pieces, self.chunk)[:, :used].reshape(-1, n).long()
+        return toks, self.mask.view(self.pieces, self.chunk)[:, :used].reshape(-1, n)
+
+    def describe(self) -> dict:
+        counts: dict[str, int] = {}
+        for w in self.works:
+            counts[w] = counts.get(w, 0) + 1
+        return {"pieces": self.pieces, "chunk": self.chunk, "pieces_per_work": counts}
+
+
+def spread(works: Sequence[tuple[str, int, int]], pieces: int, chunk: int) -> list[tuple[str, int]]:
+    """``pieces`` non-overlapping starts of ``chunk`` tokens over ``works`` [(name, start, end)]:
+    each work gets a share in proportion to its length (largest remainders, at most what fits),
+    evenly spaced inside it. Deterministic; raises if they cannot fit."""
+    fits = [max(0, (end - start) // chunk) for _, start, end in works]
+    if sum(fits) < pieces:
+        have = sum(end - start for _, start, end in works)
+        raise AttnbenchError(
+            f"corpus too short: evaluating {pieces * chunk:,} tokens ({pieces} piece"
+            f"{'s' if pieces != 1 else ''} of {chunk:,} inside held-out works) needs "
+            f"{pieces * chunk:,} held-out tokens, the held-out part has {have:,} (room for "
+            f"{sum(fits)}); use a larger corpus or fewer --eval-tokens"
+        )
+    sizes = [end - start for _, start, end in works]
+    total = sum(size for size, fit in zip(sizes, fits, strict=True) if fit)
+    ideal = [pieces * size / total if fit else 0.0 for size, fit in zip(sizes, fits, strict=True)]
+    share = [min(int(x), fit) for x, fit in zip(ideal, fits, strict=True)]
+    by_remainder = sorted(range(len(works)), key=lambda i: (-(ideal[i] - int(ideal[i])), i))
+    while sum(share) < pieces:  # hand out the rest, largest remainder first, where it fits
+        for i in by_remainder:
+            if sum(share) < pieces and share[i] < fits[i]:
+                share[i] += 1
+    out = []
+    for (name, start, end), k in zip(works, share, strict=True):
+        if not k:
+            continue
+        gap = ((end - start) - k * chunk) / k  # free bytes per piece, half before, half after
+        out += [(name, start + int(j * (chunk + gap) + gap / 2)) for j in range(k)]
+    return out
 
 
 def make_eval_stream(
-    heldout: Tensor, lengths: tuple[int, ...], tokens: int, mask_prob: float, seed: int
+    heldout: Tensor,
+    works: Sequence[tuple[str, int, int]],
+    lengths: tuple[int, ...],
+    tokens: int,
+    chunk: int,
+    mask_prob: float,
+    seed: int,
 ) -> EvalStream:
-    """The first ``tokens`` held-out tokens and their mask, the same whatever the lengths;
-    errors say how many tokens are needed and how many there are."""
+    """``tokens // chunk`` pieces of ``chunk`` held-out tokens spread over ``works`` and their
+    mask, the same whatever the lengths; errors say what is needed and what there is."""
     bad = [n for n in lengths if n < 1]
     if not lengths or bad:
         raise AttnbenchError(f"invalid evaluation lengths {list(lengths)}; accepted: integers >= 1")
     longest = max(lengths)
-    if tokens < longest:
+    if chunk < longest:
         raise AttnbenchError(
-            f"the evaluation span of {tokens:,} tokens is shorter than the longest evaluation "
-            f"length {longest:,}; accepted: --eval-tokens >= {longest:,}"
+            f"eval.chunk={chunk:,} is shorter than the longest evaluation length {longest:,}; "
+            f"accepted: eval.chunk >= {longest:,} (--set eval.chunk={longest})"
         )
-    have = heldout.numel()
-    if tokens > have:
+    if tokens < chunk:
         raise AttnbenchError(
-            f"corpus too short: evaluating {tokens:,} tokens ({tokens // longest} windows of the "
-            f"longest length {longest:,}) needs {tokens:,} held-out tokens, the held-out part "
-            f"has {have:,}; use a larger corpus or fewer --eval-tokens"
+            f"the evaluation span of {tokens:,} tokens is shorter than one piece of eval.chunk="
+            f"{chunk:,}; accepted: --eval-tokens >= {chunk:,}"
         )
+    placed = spread(works, tokens // chunk, chunk)
+    span = torch.cat([heldout[start : start + chunk] for _, start in placed])  # (S,)
     gen = torch.Generator().manual_seed(seed)
-    mask = torch.rand(tokens, generator=gen) < mask_prob  # (S,)
-    return EvalStream(heldout[:tokens].clone(), mask)
+    mask = torch.rand(span.numel(), generator=gen) < mask_prob  # (S,)
+    return EvalStream(
+        span.clone(), mask, chunk, tuple(s for _, s in placed), tuple(n for n, _ in placed)
+    )
 
 
 @dataclass

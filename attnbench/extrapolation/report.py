@@ -15,6 +15,8 @@ from typing import Any
 
 import pandas as pd
 
+from attnbench.errors import AttnbenchError
+
 #: Su 2021's table: MLM accuracy (%) of RoFormer small trained at n = 64.
 PUBLISHED: dict[str, dict[int, float]] = {
     "Su 2021: Attention-O": {64: 43.27, 128: 36.53, 256: 23.02, 512: 15.12, 1024: 11.54},
@@ -276,3 +278,51 @@ def figure(
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+#: Columns that make a CSV an extrapolation table (``extrapolate.csv`` of ``run extrapolate``).
+TABLE_COLUMNS = ("variant", "kind", "seed", "train_len", "eval_len", "accuracy", "status")
+
+
+def is_table_csv(path: Path | str) -> bool:
+    """Whether a CSV is the extrapolation table of ``run extrapolate``."""
+    path = Path(path)
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            header = next(csv.reader(f), [])
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return False
+    return set(TABLE_COLUMNS) <= set(header)
+
+
+def figure_from_csv(path: Path | str, out_dir: Path | None = None, fmt: str = "png") -> Path:
+    """Redraw the accuracy figure of a finished run from its ``extrapolate.csv`` (and, for the
+    title, the ``extrapolate.json`` beside it), into ``out_dir`` (default: beside the CSV)."""
+    import json
+
+    from attnbench.outputs import ensure_dir
+
+    path = Path(path)
+    rows = pd.read_csv(path).to_dict("records")
+    if not rows:
+        raise AttnbenchError(f"{path} has no rows: nothing to draw")
+    side = path.with_suffix(".json")
+    config = {}
+    if side.is_file():
+        try:
+            config = json.loads(side.read_text(encoding="utf-8")).get("config") or {}
+        except (OSError, ValueError):
+            config = {}
+    train_len = int(rows[0]["train_len"])
+    seeds = len({r["seed"] for r in rows if r["kind"] == "trained"})
+    preset = config.get("preset")
+    title = (
+        f"MLM accuracy (%) vs length, trained at L={train_len}"
+        + (f", preset {preset}" if preset else "")
+        + f", {seeds} seed{'s' if seeds != 1 else ''}"
+    )
+    lengths = sorted({int(r["eval_len"]) for r in rows})
+    out = ensure_dir(out_dir if out_dir is not None else path.parent, "--out folder")
+    target = out / f"accuracy_vs_length.{fmt}"
+    figure(summarise(rows), lengths, train_len, target, title)
+    return target

@@ -52,6 +52,10 @@ MASKING = (
     "over the held-out span (seed {seed}), the same for every variant, seed and length"
 )
 
+#: How the corpus is cut into training and held-out text (part of every checkpoint's key: the
+#: byte-fraction cut of earlier versions put the opening of the first held-out play in training).
+SPLIT_RULE = "at the start of the work nearest the holdout fraction"
+
 CSV_NAME, SIDECAR_NAME, TABLE_NAME, FIGURE_NAME = (
     "extrapolate.csv",
     "extrapolate.json",
@@ -103,6 +107,7 @@ def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus
         "seed": seed,
         "corpus_sha256": corpus_sha,
         "holdout": cfg.run.holdout,
+        "split": SPLIT_RULE,
     }
 
 
@@ -161,14 +166,21 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         )
     started = dt.datetime.now(dt.timezone.utc)
     corpus = load_corpus(cfg.run.corpus or None)
-    train_stream, heldout = corpus.split(cfg.run.holdout)
+    split = corpus.split(cfg.run.holdout)
+    train_stream, heldout = split.train, split.heldout
     if train_stream.numel() < cfg.model.train_len:
         raise AttnbenchError(
             f"corpus too short: training needs at least train_len={cfg.model.train_len} tokens, "
             f"the training part has {train_stream.numel()}"
         )
     stream = make_eval_stream(
-        heldout, cfg.eval.lengths, cfg.eval.tokens, cfg.train.mask_prob, cfg.eval.seed
+        heldout,
+        split.works,
+        cfg.eval.lengths,
+        cfg.eval.tokens,
+        cfg.eval.piece(),
+        cfg.train.mask_prob,
+        cfg.eval.seed,
     )
     variants, notes = resolve_variants(cfg, opts.impls, opts.impl_params)
     eval_rows, more = resolve_eval_time(cfg, variants)
@@ -189,6 +201,8 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     plan = Plan(cfg, variants, seeds, corpus.sha256, opts)
 
     ensure_dir(opts.out, "--out folder")
+    if too_many := machine.oversubscribed(_threads(cfg)):
+        opts.log(f"warning: {too_many}")
     old_threads = torch.get_num_threads()
     torch.set_num_threads(_threads(cfg))
     rows: list[dict[str, Any]] = []
@@ -224,13 +238,13 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         "started": started.isoformat(),
         "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
         "config": cfg.plain(),
-        "corpus": corpus.describe()
-        | {"train_tokens": int(train_stream.numel()), "heldout_tokens": int(heldout.numel())},
+        "corpus": corpus.describe() | split.describe(),
         "evaluation": {
             "span_tokens": stream.size,
             "span_masked": int(stream.mask.sum()),
+            "span": stream.describe(),
             "masking": MASKING.format(p=cfg.train.mask_prob, seed=cfg.eval.seed),
-            "windows": {str(n): stream.size // n for n in lengths},
+            "windows": {str(n): stream.windows(n)[0].shape[0] for n in lengths},
             "entropy": f"mean attention-row entropy (nats) per layer over the first "
             f"{cfg.eval.entropy_tokens} tokens of the span (at least one window)",
         },
@@ -292,7 +306,11 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
             "",
             "Masked tokens evaluated per length: "
             + ", ".join(f"n={n}: {masked[n]:,}" for n in lengths)
-            + f" (one held-out span of {stream.size:,} tokens, the same for every row).",
+            + f" (one held-out span of {stream.size:,} tokens, the same for every row: "
+            f"{stream.pieces} pieces of {stream.chunk:,} contiguous tokens spread evenly over "
+            f"the {len(set(stream.works))} held-out works, "
+            + ", ".join(f"{w} ({k})" for w, k in stream.describe()["pieces_per_work"].items())
+            + ").",
             "",
         ]
     )

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from attnbench.errors import AttnbenchError
+from attnbench.precision import refuse_overflow
 from attnbench.requirements import CUDA, TRITON
 from attnbench.spec import PathSpec
 
@@ -375,7 +376,8 @@ def gau_path(
 
     def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **params: Any) -> Tensor:
         _refused("relu^2", refuse, params)
-        return gau_relu2(q, k, v, causal=causal, norm=norm(params), chunk=chunk(params))
+        o = gau_relu2(q, k, v, causal=causal, norm=norm(params), chunk=chunk(params))
+        return refuse_overflow(o, (q, k, v), "relu^2 Triton kernel")
 
     fn.__name__ = fn.__qualname__ = "gau_triton"
     return fused_path(

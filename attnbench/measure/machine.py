@@ -15,6 +15,7 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,84 @@ def load_average() -> tuple[float, float, float] | None:
         return os.getloadavg()
     except (OSError, AttributeError):
         return None
+
+
+def busy_reason(load_1min: float | None, threads: int, cores: int | None = None) -> str | None:
+    """Why timings on this machine will be noisy, from the load other processes put on it
+    (None when they leave the run's ``threads`` cores free): the 1-minute load average counts
+    runnable threads, so anything above ``cores - threads`` competes for the run's cores."""
+    if load_1min is None:
+        return None
+    cores = cores or usable_cores()
+    if load_1min <= cores - threads + 0.5:
+        return None
+    return (
+        f"the machine is busy: other processes' load {load_1min:.1f} on {cores} cores, and this "
+        f"run uses {threads} thread{'s' if threads != 1 else ''}; timings will be noisy and slow "
+        "cases more often skipped (compare ratios measured in the same run, or run on a quiet "
+        "machine)"
+    )
+
+
+def oversubscribed(threads: int, cores: int | None = None) -> str | None:
+    """Why ``threads`` torch threads will run slowly here (None when they fit the cores)."""
+    cores = cores or usable_cores()
+    if threads <= cores:
+        return None
+    return (
+        f"{threads} threads on {cores} usable cores: torch's threads will wait on each other "
+        f"(many times slower and noisier); use at most {cores}"
+    )
+
+
+class LoadWatch:
+    """The machine's 1-minute load average before a run and during it, sampled every ``every``
+    seconds on a daemon thread (it sleeps in between: no measurable cost). ``summary()`` is what
+    the speed sidecar records: ``others_before`` is the load other processes put on the machine
+    as the run started; ``others_during`` estimates it during the run (the median load seen, less
+    the run's own threads). Linux counts threads waiting on the disk too, and the 1-minute
+    average trails by about a minute."""
+
+    def __init__(self, threads: int, every: float = 5.0) -> None:
+        self.threads = threads
+        self.every = every
+        self.before = load_average()
+        self.during: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="attnbench-load", daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.every):
+            now = load_average()
+            if now is not None:
+                self.during.append(now[0])
+
+    def start(self) -> LoadWatch:
+        if self.before is not None:
+            self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, Any] | None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=1.0)
+        if self.before is None:
+            return None
+        after = load_average()
+        if after is not None:
+            self.during.append(after[0])
+        during = sorted(self.during)
+        median = during[len(during) // 2] if during else None
+        return {
+            "cores": usable_cores(),
+            "threads": self.threads,
+            "before_1_5_15min": [round(x, 2) for x in self.before],
+            "during_1min_median": round(median, 2) if median is not None else None,
+            "during_1min_max": round(during[-1], 2) if during else None,
+            "samples": len(during),
+            "others_before": round(self.before[0], 2),
+            "others_during": round(max(0.0, median - self.threads), 2) if median else None,
+        }
 
 
 def device_name(device: torch.device) -> str:

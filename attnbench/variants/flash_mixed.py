@@ -44,6 +44,7 @@ from torch import Tensor
 from attnbench import sources
 from attnbench.errors import AttnbenchError
 from attnbench.kernels import triton_ops
+from attnbench.precision import float32_sums, refuse_overflow
 from attnbench.spec import ExtraInput, Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.gau import NORMS, sdpa_any_width
 
@@ -74,6 +75,7 @@ def _global_matrix(q_lin: Tensor, k_lin: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, a, torch.zeros((), dtype=a.dtype)) * _per_row(mask).to(a.dtype)
 
 
+@float32_sums
 def flash_reference(
     q: Tensor,
     k: Tensor,
@@ -87,7 +89,8 @@ def flash_reference(
     q_lin: Tensor,
     k_lin: Tensor,
 ) -> Tensor:
-    """Dense FLASH: (block-diagonal relu² matrix + global linear matrix) v. [B, H, T, D] layout."""
+    """Dense FLASH: (block-diagonal relu² matrix + global linear matrix) v. [B, H, T, D] layout.
+    Half inputs are computed in float32 (relu²(q·k) passes float16's 65504 at |q·k| > 255.9)."""
     T, D = q.shape[-2], q.shape[-1]
     local, glob = _masks(T, chunk, causal, q.device)
     inv_m = _per_row(local)  # (T, 1) 1 / keys seen in the chunk
@@ -205,9 +208,8 @@ def flash_efficient(
     k_lin: Tensor,
 ) -> Tensor:
     """Chunked FLASH: O(T c) memory, no T x T tensor. [B, H, T, D] layout."""
-    return _local_relu2(q, k, v, causal, chunk, norm) + _global_linear(
-        q_lin, k_lin, v, causal, chunk
-    )
+    o = _local_relu2(q, k, v, causal, chunk, norm) + _global_linear(q_lin, k_lin, v, causal, chunk)
+    return refuse_overflow(o, (q, k, v, q_lin, k_lin), "flash:efficient")
 
 
 def mc_efficient(
@@ -259,13 +261,15 @@ def flash_triton(
     if not causal:
         T = q.shape[-2]
         state = k_lin.float().transpose(-2, -1) @ v.float() / T  # (B, H, s, e), fp32
-        return local + (q_lin.float() @ state).to(local.dtype)  # (B, H, T, e)
+        o = local + (q_lin.float() @ state).to(local.dtype)  # (B, H, T, e)
+        return refuse_overflow(o, (q, k, v, q_lin, k_lin), "flash:triton")
     width = triton_ops.MAX_HEAD_DIM
     glob = [
         triton_ops.flash_global_chunked(q_lin, k_lin, v[..., i : i + width], chunk=chunk)
         for i in range(0, v.shape[-1], width)
     ]  # each (B, H, T, <= 128)
-    return local + torch.cat(glob, dim=-1)  # (B, H, T, e)
+    o = local + torch.cat(glob, dim=-1)  # (B, H, T, e)
+    return refuse_overflow(o, (q, k, v, q_lin, k_lin), "flash:triton")
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from attnbench import sources
 from attnbench.kernels.triton_ops import gau_path
+from attnbench.precision import float32_sums, refuse_overflow
 from attnbench.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.dense import causal_mask, keys_seen, softmax_attention
 
@@ -57,6 +58,7 @@ FP16_MAX = 65504.0
 # --------------------------------------------------------------------------------------------
 
 
+@float32_sums
 def reference(
     q: Tensor,
     k: Tensor,
@@ -67,7 +69,9 @@ def reference(
     norm: str,
     min_n: int,
 ) -> Tensor:
-    """Dense A = score(Q Kᵀ), then A v. q, k ``[B, H, T, s]``, v ``[B, H, T, e]`` -> o, same."""
+    """Dense A = score(Q Kᵀ), then A v. q, k ``[B, H, T, s]``, v ``[B, H, T, e]`` -> o, same.
+    Half inputs are computed in float32: relu²(q·k) itself passes float16's 65504 once |q·k| >
+    255.9, long before the weighted output does; an output beyond float16's range is refused."""
     T, D = q.shape[-2], q.shape[-1]
     mask = causal_mask(T, T, q.device)
     if not causal:
@@ -168,7 +172,8 @@ def efficient(
     n = keys_seen(T, T, causal, q.device)  # (T, 1)
     if scoring == "relu2":
         root_w = (n * D).rsqrt() if norm == "ns" else 1.0 / n  # (T, 1) sqrt of the row weight
-        return _Relu2Tiled.apply(q * root_w.to(q.dtype), k, v, causal, tile)
+        o = _Relu2Tiled.apply(q * root_w.to(q.dtype), k, v, causal, tile)
+        return refuse_overflow(o, (q, k, v), "gau:efficient")
     if scoring == "softmax":
         row = torch.full_like(n, 1.0 / math.sqrt(D))  # (T, 1)
     else:

@@ -42,11 +42,20 @@ from torch import Tensor
 
 from attnbench import sources
 from attnbench.kernels import triton_ops
+from attnbench.precision import float32_sums, refuse_overflow, to_dtype
 from attnbench.spec import Mechanism, Param, PathSpec, Shape, positive_int
-from attnbench.variants.accumulate import float32_sums
+
+
+def elu_plus_one(x: Tensor) -> Tensor:
+    """elu(x) + 1 = x + 1 for x > 0, e^x otherwise (Katharopoulos et al. 2020), written without
+    the literal (e^x - 1) + 1, which cancels to 0 once e^x < eps/2 (x < -17 in float32, -8 in
+    float16) and leaves a row of very negative features 0 instead of e^x. The exp is taken of
+    min(x, 0) so that the branch not taken never overflows (its inf would make the gradient NaN)."""
+    return torch.where(x > 0, x + 1, torch.exp(x.clamp(max=0)))
+
 
 FEATURE_MAPS: dict[str, Callable[[Tensor], Tensor]] = {
-    "elu+1": lambda x: F.elu(x) + 1,  # Katharopoulos et al. 2020
+    "elu+1": elu_plus_one,
     "relu": F.relu,
     "identity": lambda x: x,
 }
@@ -56,6 +65,7 @@ def phi(x: Tensor, feature_map: str) -> Tensor:
     return FEATURE_MAPS[feature_map](x)
 
 
+@float32_sums
 def reference(
     q: Tensor,
     k: Tensor,
@@ -67,7 +77,9 @@ def reference(
     eps: float,
     chunk: int,
 ) -> Tensor:
-    """Dense T x T scores phi(Q) phi(K)^T. q, k: [B, H, T, D], v: [B, H, T, Dv] -> [B, H, T, Dv]."""
+    """Dense T x T scores phi(Q) phi(K)^T. q, k: [B, H, T, D], v: [B, H, T, Dv] -> [B, H, T, Dv].
+    Half inputs are computed in float32, as every path here is: the normaliser's row sum passes
+    float16's 65504 near T = 1000 and e^x of a very negative feature underflows it."""
     t = q.shape[-2]
     scores = phi(q, feature_map) @ phi(k, feature_map).transpose(-2, -1)  # (B, H, T, T)
     if causal:
@@ -166,19 +178,20 @@ def triton(
     [B, H, T, Dv].
     """
     triton_ops.check_call("linear attention", q, k, v, max_v=triton_ops.MAX_HEAD_DIM)
-    fq, fk = phi(q, feature_map), phi(k, feature_map)  # (B, H, T, D)
+    fq32, fk32 = phi(q.float(), feature_map), phi(k.float(), feature_map)  # (B, H, T, D)
+    fq, fk = fq32.to(q.dtype), fk32.to(k.dtype)  # the kernel's operands
     if causal:
         num = triton_ops.retention_chunked(fq, fk, v, 1.0)  # (B, H, T, Dv)
         if not normalize:
-            return num
-        z = fk.float().cumsum(-2)  # (B, H, T, D): sum_{s <= t} phi(k_s)
+            return refuse_overflow(num, (q, k, v), "linear:triton")
+        z = fk32.cumsum(-2)  # (B, H, T, D): sum_{s <= t} phi(k_s)
     else:
-        state = fk.float().transpose(-2, -1) @ v.float()  # (B, H, D, Dv)
-        num = fq.float() @ state  # (B, H, T, Dv)
+        state = fk32.transpose(-2, -1) @ v.float()  # (B, H, D, Dv)
+        num = fq32 @ state  # (B, H, T, Dv)
         if not normalize:
-            return num.to(v.dtype)
-        z = fk.float().sum(-2, keepdim=True)  # (B, H, 1, D)
-    den = (fq.float() * z).sum(-1, keepdim=True)  # (B, H, T, 1)
+            return to_dtype(num, v.dtype, "linear:triton")
+        z = fk32.sum(-2, keepdim=True)  # (B, H, 1, D)
+    den = (fq32 * z).sum(-1, keepdim=True)  # (B, H, T, 1)
     return (num.float() / (den + eps)).to(v.dtype)
 
 

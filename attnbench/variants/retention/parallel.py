@@ -15,9 +15,7 @@ from torch import Tensor
 from attnbench.variants.retention.decay import log_gammas, require_causal
 
 
-def parallel(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str
-) -> Tensor:
+def parallel(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str) -> Tensor:
     """Dense T x T retention. q, k: [B, H, T, D], v: [B, H, T, Dv] -> [B, H, T, Dv]."""
     require_causal(causal)
     _, h, t, d = q.shape

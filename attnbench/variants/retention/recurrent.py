@@ -12,14 +12,12 @@ import math
 import torch
 from torch import Tensor
 
-from attnbench.variants.accumulate import float32_sums
+from attnbench.precision import float32_sums
 from attnbench.variants.retention.decay import finish, log_gammas, require_causal, with_ones
 
 
 @float32_sums
-def recurrent(
-    q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str
-) -> Tensor:
+def recurrent(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str) -> Tensor:
     """One position at a time. q, k: [B, H, T, D], v: [B, H, T, Dv] -> [B, H, T, Dv]."""
     require_causal(causal)
     b, h, t, d = q.shape

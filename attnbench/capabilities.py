@@ -1,0 +1,91 @@
+"""What this machine can run, answered without importing torch where that is possible.
+
+The checks behind :mod:`attnbench.requirements` (what a path needs: CUDA, Triton, FlexAttention).
+They are written against a device *type* (``"cpu"``, ``"cuda"``), so that ``attnbench list`` can
+answer from the registry snapshot (:mod:`attnbench.catalogue`) in a fraction of a second: torch
+is imported only when the answer depends on it (a GPU device node exists, or torch is already
+loaded, as in the Python API and the tests).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+#: Device nodes a GPU torch could use (NVIDIA's driver, AMD's ROCm, WSL's). On Linux, none of
+#: them present means torch.cuda.is_available() is False, without asking torch.
+GPU_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/dxg")
+
+
+def cuda_available() -> bool:
+    """torch.cuda.is_available(), importing torch only when the answer could be True."""
+    if "torch" not in sys.modules and sys.platform == "linux":
+        if not any(os.path.exists(node) for node in GPU_NODES):
+            return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def torch_version() -> str:
+    """The installed torch's version, read from its metadata (no import)."""
+    if "torch" in sys.modules:
+        return sys.modules["torch"].__version__
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _has_module_file(dotted: str) -> bool:
+    """Whether ``dotted`` (a submodule of an installed package) exists, without importing its
+    parent packages (importlib.util.find_spec on a submodule would import torch)."""
+    top, _, rest = dotted.partition(".")
+    spec = importlib.util.find_spec(top)
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    for base in spec.submodule_search_locations:
+        sub = Path(base, *rest.split("."))
+        if sub.with_suffix(".py").exists() or (sub / "__init__.py").exists():
+            return True
+    return False
+
+
+def cuda(device_type: str, backward: bool) -> str | None:
+    if not cuda_available():
+        return "needs CUDA (no GPU visible to torch)"
+    if device_type != "cuda":
+        return f"needs a CUDA device (asked for {device_type})"
+    return None
+
+
+def triton(device_type: str, backward: bool) -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "needs Triton (pip install triton)"
+    return None
+
+
+def flex(device_type: str, backward: bool) -> str | None:
+    if not _has_module_file("torch.nn.attention.flex_attention"):
+        return f"needs FlexAttention (torch >= 2.5; this is {torch_version()})"
+    if backward and device_type != "cuda":
+        return "FlexAttention has no backward on CPU (forward only)"
+    return None
+
+
+#: Requirement name -> check(device type, backward) -> None when met, else why not.
+CHECKS: dict[str, Callable[[str, bool], str | None]] = {
+    "cuda": cuda,
+    "triton": triton,
+    "flex": flex,
+}
+
+
+def reasons(requires: list[str] | tuple[str, ...], device_type: str, backward: bool = False) -> str:
+    """Every unmet requirement's reason in one line ('' when all are met)."""
+    found = (CHECKS[name](device_type, backward) for name in requires)
+    return "; ".join(r for r in found if r)
