@@ -20,17 +20,32 @@ class Rotary(nn.Module):
     NTK-aware trick. Both are evaluation-time knobs of the extrapolation suite.
     """
 
-    def __init__(self, dim: int, base: float = 10000.0, position_scale: float = 1.0):
+    def __init__(
+        self,
+        dim: int,
+        base: float = 10000.0,
+        position_scale: float = 1.0,
+        freq_scale: Tensor | None = None,
+    ):
         super().__init__()
         if dim % 2:
             raise AttnbenchError(f"rotary embedding needs an even head dim, got {dim}")
         self.dim, self.base, self.position_scale = dim, base, position_scale
+        #: A factor per frequency [D/2] (YaRN's interpolation by parts), None for 1.
+        self.freq_scale = freq_scale
         self._cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+    def inv_freq(self, device: torch.device | str = "cpu") -> Tensor:
+        """base^(-2i/D) for the D/2 pairs, float64, times ``freq_scale`` when given."""
+        exponents = torch.arange(0, self.dim, 2, dtype=torch.float64, device=device)
+        inv_freq = self.base ** (-exponents / self.dim)
+        if self.freq_scale is not None:
+            inv_freq = inv_freq * self.freq_scale.to(device, torch.float64)
+        return inv_freq
 
     def angles(self, positions: Tensor) -> Tensor:
         """Angles [T, D/2] for float positions [T]."""
-        exponents = torch.arange(0, self.dim, 2, dtype=torch.float64, device=positions.device)
-        inv_freq = self.base ** (-exponents / self.dim)
+        inv_freq = self.inv_freq(positions.device)  # (D/2,)
         return (positions.to(torch.float64) * self.position_scale)[:, None] * inv_freq[None, :]
 
     def _cos_sin(self, t: int, device: torch.device, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

@@ -162,7 +162,7 @@ def grid(rng, shift: dict[str, float] | None = None, rounds: int = 9, **over) ->
 def test_the_samples_file_is_written_and_read_back(tmp_path):
     r, s = sampled_row([0.5, 0.52, 0.49], params="window=64")
     csv_path = write_run(tmp_path / "run", [(r, s)])
-    (key, got), = read_samples(csv_path).items()
+    ((key, got),) = read_samples(csv_path).items()
     assert key == row_key(r) and got.time_ms == s.time_ms and got.ref_ratio == s.ref_ratio
     assert got.matmul_ratio == pytest.approx(s.matmul_ratio)  # 6 significant digits kept
     lines = (tmp_path / "run" / SAMPLES_NAME).read_text().splitlines()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import random
 import signal
@@ -92,17 +93,21 @@ def test_end_to_end_outputs(trained):
     df = pd.read_csv(out / "extrapolate.csv")
     trained_rows = ["O", "E", "gqa(kv_heads=1)"]
     eval_rows = [f"O+{t}" for t in load_preset("cpu").run.eval_time]
-    assert list(dict.fromkeys(df["variant"])) == ["O", *eval_rows, "E", "gqa(kv_heads=1)"]
-    assert len(df) == (len(trained_rows) + len(eval_rows)) * 3
+    order = ["O", *eval_rows, "E", "gqa(kv_heads=1)", "count-baseline"]
+    assert list(dict.fromkeys(df["variant"])) == order
+    assert len(df) == (len(trained_rows) + len(eval_rows) + 1) * 3
     assert (df["status"] == "ok").all()
-    assert set(df["kind"]) == {"trained", "eval-time"}
+    assert set(df["kind"]) == {"trained", "eval-time", "baseline"}
     assert (df[df["kind"] == "eval-time"]["applied_to"] == "O").all()
+    models = df[df["kind"] != "baseline"]
     for col in ("accuracy", "loss", "masked_tokens", "entropy_l0", "train_time_s"):
-        assert df[col].notna().all(), col
+        assert models[col].notna().all(), col
+    floor = df[df["kind"] == "baseline"]
+    assert floor["accuracy"].between(0, 100).all() and floor["seed"].isna().all()
     # Same text and masks for every row: the masked-token count per length is one number.
     assert (df.groupby("eval_len")["masked_tokens"].nunique() == 1).all()
     assert (df["eval_tokens"] == 6 * 64).all()  # one span of 6 x 64 tokens at every length
-    assert df["entropy_l0"].between(0, 64 * 1.0001).all()
+    assert models["entropy_l0"].between(0, 64 * 1.0001).all()
     side = json.loads((out / "extrapolate.json").read_text())
     assert side["corpus"]["sha256"] and side["corpus"]["bytes"] == corpus.stat().st_size
     assert {"torch", "python", "attnbench"} <= set(side["versions"])
@@ -110,6 +115,7 @@ def test_end_to_end_outputs(trained):
     assert "probability 0.15" in side["evaluation"]["masking"]
     table = (out / "table.md").read_text()
     assert "Su 2021: Attention-E" in table and "| O+chunk | eval-time |" in table
+    assert "| count-baseline | baseline |" in table and "95 % t-interval" in table
     assert "Su 2021: Attention-O" in res.output
     png = (out / "accuracy_vs_length.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
@@ -130,13 +136,16 @@ def test_eval_only_reuses_checkpoints(trained):
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     after = pd.read_csv(out / "extrapolate.csv")
-    assert set(after["variant"]) == {"O", "O+chunk", "O+ntk+logn", "E", "gqa(kv_heads=1)"}
+    assert set(after["variant"]) == {
+        "O", "O+chunk", "O+ntk+logn", "E", "gqa(kv_heads=1)", "count-baseline"
+    }  # fmt: skip
     assert set(after["eval_len"]) == {16, 32}
     key = ["variant", "seed", "eval_len"]
     merged = after.merge(before, on=key, suffixes=("", "_before"))
     assert len(merged) == len(after)
     assert (merged["accuracy"] == merged["accuracy_before"]).all()
-    assert (merged["train_time_s"] == merged["train_time_s_before"]).all()
+    models = merged[merged["kind"] != "baseline"]
+    assert (models["train_time_s"] == models["train_time_s_before"]).all()
 
 
 def test_existing_checkpoints_need_a_flag(trained):
@@ -177,8 +186,13 @@ def test_entropy_suite(trained, tmp_path):
     )
     res = run_entropy(cfg, opts)
     df = pd.read_csv(tmp_path / "entropy.csv")
-    assert set(df["source"]) == {"random", "model"}
+    assert set(df["source"]) == {"random", "random-scale", "model"}
     assert sorted(df["n"].unique()) == [16, 32, 64, 128, 256]
+    regime = res.fit["seed_regime"]  # Su 2021's regime: its expression's slope is ~0.2-0.3
+    assert 0.15 < regime["theory_c"] < 0.35 and regime["lambda_d_range"] == [16.0, 64.0]
+    assert 0.04 < res.fit["theory_c"] < 0.2  # flatter at the lambda*d of O and E, n <= 256
+    assert [m["layer"] for m in res.fit["models"]] == [0]
+    assert "Su 2021's own expression" in res.text and "regime" in res.text
     rnd = df[df["source"] == "random"].set_index(["variant", "n"])["entropy"]
     # O's entropy grows almost like log n; E (smaller scale below 512) sits above O.
     slopes = {(s["source"], s["variant"]): s["slope_dH_dlogn"] for s in res.slopes}
@@ -384,7 +398,7 @@ def test_tricks_reduce_to_the_trained_model():
     x = torch.randint(0, 256, (2, 40))
     short = x[:, :16]
     with torch.no_grad():
-        for name in ("logn", "yarn-temp", "ntk", "pi", "ntk+logn"):
+        for name in ("logn", "temperature", "yarn", "ntk", "pi", "ntk+logn"):
             t = parse_tricks(name, 16)
             # At n <= L every one of these is the identity; beyond L they change the output.
             assert torch.allclose(_swap(model, t)(short), model(short), atol=1e-5), name
@@ -522,7 +536,7 @@ def test_presets_load_from_the_one_shipped_folder():
     assert len(cpu.run.eval_time) >= 6
 
 
-SDPA_TRICKS = ["logn", "yarn-temp", "local", "ntk", "pi", "ntk+logn", "pi+local"]
+SDPA_TRICKS = ["logn", "temperature", "yarn", "local", "ntk", "pi", "ntk+logn", "pi+local"]
 
 
 @pytest.mark.parametrize("name", SDPA_TRICKS)
@@ -555,10 +569,11 @@ def test_a_mechanism_failing_at_some_length_gets_an_error_row(monkeypatch, tmp_p
     corpus = make_corpus(tmp_path / "c.txt")
     cfg = _tiny_cfg(corpus).override({"variants": "fake-short", "steps": 3})
     result = run_extrapolate(cfg, _opts(tmp_path / "out"))
-    rows = {r["eval_len"]: r for r in result.rows}
+    rows = {r["eval_len"]: r for r in result.rows if r["kind"] != "baseline"}
     assert rows[16]["status"] == "ok" and rows[64]["status"] == "error"
     assert "stops at 32" in rows[64]["reason"] and "accuracy" not in rows[64]
     df = pd.read_csv(tmp_path / "out" / "extrapolate.csv")
+    df = df[df["kind"] != "baseline"]
     assert list(df["status"]) == ["ok", "error"] and pd.isna(df["accuracy"].iloc[1])
     assert "failed" in (tmp_path / "out" / "table.md").read_text()
 
@@ -609,3 +624,60 @@ def test_preset_errors_name_the_file_and_line(tmp_path, text, line, words):
     assert f"{path} line {line}" in message and "\n" not in message, message
     for word in words:
         assert word in message, message
+
+
+def test_yarn_interpolates_frequencies_by_parts():
+    """YaRN's frequencies, written out per pair from Peng et al. 2023 (eq. of the ramp), for
+    L = 64, head dim 64, n = 256: pairs with fewer than alpha turns over L are divided by s,
+    pairs with more than beta kept, the rest in between."""
+    from attnbench.extrapolation.tricks import YARN_ALPHA, YARN_BETA, yarn_freq_scale
+
+    L, D, base, s = 64, 64, 10000.0, 4.0
+    got = yarn_freq_scale(D, base, L, s)
+    for i in range(D // 2):
+        theta = base ** (-2 * i / D)
+        turns = L / (2 * math.pi / theta)
+        if turns < YARN_ALPHA:
+            want = 1 / s
+        elif turns > YARN_BETA:
+            want = 1.0
+        else:
+            g = (turns - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)
+            want = (1 - g) / s + g
+        assert got[i].item() == pytest.approx(want, rel=1e-12), i
+    changed = (got < 1).sum().item()
+    assert changed == D // 2  # at L = 64 no pair makes beta = 32 turns: every pair moves
+    assert torch.equal(yarn_freq_scale(D, base, L, 1.0), torch.ones(D // 2, dtype=torch.float64))
+
+
+def test_renamed_and_conflicting_tricks_are_refused():
+    with pytest.raises(AttnbenchError, match="now called 'temperature'"):
+        parse_tricks("yarn-temp", 64)
+    with pytest.raises(AttnbenchError, match="rotary frequencies twice"):
+        parse_tricks("yarn+ntk", 64)
+    with pytest.raises(AttnbenchError, match="already holds the temperature"):
+        parse_tricks("yarn+temperature", 64)
+    assert parse_tricks("rerope+logn", 64).names == ("rerope", "logn")
+
+
+def test_parallel_trainings_equal_sequential_ones(tmp_path):
+    """Two trainings in two 1-thread worker processes give the checkpoints and rows that one
+    1-thread process training them one after the other gives."""
+    corpus = make_corpus(tmp_path / "c.txt")
+    cfg = _tiny_cfg(corpus).override({"variants": "O,E"})
+    said = []
+    one_by_one = run_extrapolate(cfg, _opts(tmp_path / "seq"))
+    both = cfg.override({"threads": 2, "parallel": 2})
+    at_once = run_extrapolate(both, RunOptions(out=tmp_path / "par", progress=NoProgress,
+                                               log=said.append, argv=["attnbench"]))  # fmt: skip
+    assert any("2 at once, 1 thread each" in line for line in said), said
+    for name in ("O-seed0.pt", "E-seed0.pt"):
+        a = torch.load(tmp_path / "seq/checkpoints" / name, weights_only=True)["model"]
+        b = torch.load(tmp_path / "par/checkpoints" / name, weights_only=True)["model"]
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+
+    def trained(result):
+        return [(r["variant"], r["eval_len"], r["accuracy"]) for r in result.rows
+                if r["kind"] == "trained"]  # fmt: skip
+
+    assert trained(at_once) == trained(one_by_one)

@@ -36,9 +36,7 @@ LINEAR_PARAMS = [
 
 def _verdicts(mech, path, params, causal, dtype=torch.float32, shape=SHAPE):
     inputs = make_inputs(mech, shape, params, dtype=dtype, seed=shape.seq_len)
-    verdicts = compare_paths(
-        mech.path(path), mech.reference, inputs, {"causal": causal, **params}
-    )
+    verdicts = compare_paths(mech.path(path), mech.reference, inputs, {"causal": causal, **params})
     return [str(v) for v in verdicts if not v.ok]
 
 

@@ -52,8 +52,8 @@ def extrapolate(
     eval_time: Annotated[
         str | None,
         typer.Option(
-            help="Eval-time rows on the trained O, comma-separated (logn, yarn-temp, "
-            "local, chunk, ntk, pi, rerope; compose with +, e.g. ntk+logn; 'none')."
+            help="Eval-time rows on the trained O, comma-separated (logn, temperature, yarn, "
+            "local, chunk, ntk, pi, rerope; compose with +, e.g. rerope+logn; 'none')."
         ),
     ] = None,
     corpus: Annotated[

@@ -24,7 +24,9 @@ from attnbench.extrapolation.model import MixerSpec, ModelConfig
 from attnbench.extrapolation.train import TrainConfig
 from attnbench.extrapolation.tricks import Tricks, parse_tricks
 
-DEFAULT_EVAL_TIME = ("logn", "yarn-temp", "local", "chunk", "ntk", "pi", "rerope")
+DEFAULT_EVAL_TIME = (
+    "logn", "temperature", "yarn", "local", "chunk", "ntk", "pi", "rerope", "rerope+logn"
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,10 @@ class RunConfig:
     seeds: int = 1  # number of training seeds
     seed_start: int = 0  # first seed
     threads: int = 0  # torch CPU threads; 0: every core this process may use
+    #: Trainings at once on a CPU, each in its own process with threads / parallel threads;
+    #: 0: as many as there are cores (two 1-thread trainings out-train one 2-thread one by
+    #: ~20 % on 2 cores: small matmuls do not split well). 1: one after the other.
+    parallel: int = 0
     device: str = "auto"  # "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:1"...
     ckpt_every: int = 500  # steps between periodic checkpoints
     holdout: float = 0.1  # last share of the corpus kept for evaluation
@@ -82,6 +88,8 @@ class RunConfig:
             raise AttnbenchError(f"invalid seed_start={self.seed_start}; accepted: >= 0")
         if self.threads < 0:
             raise AttnbenchError(f"invalid threads={self.threads}; accepted: >= 0 (0: all)")
+        if self.parallel < 0:
+            raise AttnbenchError(f"invalid parallel={self.parallel}; accepted: >= 0 (0: auto)")
         if self.ckpt_every < 0:
             raise AttnbenchError(f"invalid ckpt_every={self.ckpt_every}; accepted: >= 0")
         if not 0.0 < self.holdout < 1.0:

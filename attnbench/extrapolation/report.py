@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.errors import AttnbenchError
+from attnbench.extrapolation import stats
 
 #: Su 2021's table: MLM accuracy (%) of RoFormer small trained at n = 64.
 PUBLISHED: dict[str, dict[int, float]] = {
@@ -93,22 +94,33 @@ def summarise(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
 
 
 def paired_difference(rows: Sequence[dict[str, Any]], base: str = "O") -> pd.DataFrame:
-    """Mean and std over seeds of (variant - base) accuracy, paired by seed and length."""
+    """Per (variant, length): (variant - base) accuracy paired by seed, as :func:`stats.paired`
+    gives it: ``mean``, the 95 % t-interval ``low``..``high``, ``p`` (paired t-test, two-sided)
+    and ``count`` (seeds); ``std`` too. Baseline rows (no seed) are left out."""
     df = pd.DataFrame(rows)
-    df = df[df["status"] == "ok"]
+    df = df[(df["status"] == "ok") & (df["kind"] != "baseline")]
     ref = df[df["variant"] == base][["seed", "eval_len", "accuracy"]].rename(
         columns={"accuracy": "ref"}
     )
     joined = df.merge(ref, on=["seed", "eval_len"])
     joined["diff"] = joined["accuracy"] - joined["ref"]
+    out = []
+    for (variant, n), g in joined.groupby(["variant", "eval_len"], sort=False):
+        test = stats.paired(g["diff"].tolist())
+        std = float(g["diff"].std()) if len(g) > 1 else float("nan")
+        out.append(
+            dict(variant=variant, eval_len=n, mean=test.mean, std=std, low=test.low,
+                 high=test.high, p=test.p, count=test.count)
+        )  # fmt: skip
+    frame = pd.DataFrame(out, columns=["variant", "eval_len", "mean", "std", "low", "high", "p",
+                                       "count"])  # fmt: skip
     order = {v: i for i, v in enumerate(dict.fromkeys(df["variant"]))}
-    out = (
-        joined.groupby(["variant", "eval_len"], sort=False)["diff"]
-        .agg(["mean", "std", "count"])
-        .reset_index()
-    )
-    out["rank"] = out["variant"].map(order)
-    return out.sort_values(["rank", "eval_len"]).drop(columns="rank").reset_index(drop=True)
+    frame["rank"] = frame["variant"].map(order)
+    return frame.sort_values(["rank", "eval_len"]).drop(columns="rank").reset_index(drop=True)
+
+
+def _paired(r: Any) -> stats.Paired:
+    return stats.Paired(r.mean, r.low, r.high, r.p, int(r.count))
 
 
 def _fmt(mean: float, std: float, count: int) -> str:
@@ -153,6 +165,8 @@ def markdown_table(summary: pd.DataFrame, lengths: Sequence[int]) -> str:
 
 
 def markdown_difference(diff: pd.DataFrame, lengths: Sequence[int], base: str = "O") -> str:
+    """variant − base per length: mean [95 % interval] p over seeds; significant (p < 0.05)
+    cells in bold."""
     head = f"| variant − {base} | " + " | ".join(f"n={n}" for n in lengths) + " |"
     lines = [head, "|---|" + "---:|" * len(lengths)]
     for variant, group in diff.groupby("variant", sort=False):
@@ -162,7 +176,11 @@ def markdown_difference(diff: pd.DataFrame, lengths: Sequence[int], base: str = 
         cells = []
         for n in lengths:
             r = by_n.get(n)
-            cells.append("-" if r is None else _signed(r.mean, r.std, int(r.count)))
+            if r is None:
+                cells.append("-")
+                continue
+            test = _paired(r)
+            cells.append(f"**{test.text()}**" if test.significant else test.text())
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -179,15 +197,24 @@ SHAPE_CHECKS = (
 
 
 def shape_checks(diff: pd.DataFrame, variant: str = "E") -> list[str]:
-    """Markdown bullet lines: does ``variant`` − O meet Su 2021's shape at each length?"""
-    rows = diff[diff["variant"] == variant].set_index("eval_len")["mean"]
+    """Markdown bullet lines: does ``variant`` − O meet Su 2021's shape at each length, on the
+    mean, and is the difference significant (paired t-test over seeds, p < 0.05)?"""
+    rows = {int(r.eval_len): r for r in diff[diff["variant"] == variant].itertuples()}
     lines = []
     for n, test, threshold, words in SHAPE_CHECKS:
-        if n not in rows.index:
+        if n not in rows:
             continue
-        value = float(rows[n])
-        ok = abs(value) <= threshold if test == "abs<=" else value >= threshold
-        lines.append(f"- {words}: {'yes' if ok else 'no'} ({value:+.2f})")
+        r = _paired(rows[n])
+        ok = abs(r.mean) <= threshold if test == "abs<=" else r.mean >= threshold
+        if test == "abs<=":
+            verdict = "no significant difference" if not r.significant else "significant"
+        elif r.count < 2:
+            verdict = "one seed: no test"
+        elif r.significant and r.mean > 0:
+            verdict = f"{variant} ahead, significant at 0.05"
+        else:
+            verdict = "not significant at 0.05"
+        lines.append(f"- {words}: {'yes' if ok else 'no'} on the mean ({r.text(2)}; {verdict})")
     return lines
 
 
@@ -214,11 +241,12 @@ def _signed(mean: float, std: float, count: int) -> str:
 def figure(
     summary: pd.DataFrame, lengths: Sequence[int], train_len: int, path: Path, title: str
 ) -> None:
-    """Accuracy vs evaluation length, log2 x axis, one line per variant, std error bars over seeds.
+    """Accuracy vs evaluation length, log2 x axis, one line per variant, error bars the 95 %
+    t-interval of the mean over seeds (none with one seed).
 
     Left: the trained variants and Su 2021's published rows (dotted; other data, compare shapes).
     Right (when there are eval-time rows): the tricks applied to the trained O model, with O and E
-    for reference.
+    for reference. The count baseline (no model), dash-dotted, in both.
     """
     import matplotlib
 
@@ -227,7 +255,8 @@ def figure(
 
     kinds = dict(zip(summary["variant"], summary["kind"], strict=False))
     trained = [v for v in dict.fromkeys(summary["variant"]) if kinds[v] == "trained"]
-    tricks = [v for v in dict.fromkeys(summary["variant"]) if kinds[v] != "trained"]
+    tricks = [v for v in dict.fromkeys(summary["variant"]) if kinds[v] == "eval-time"]
+    floors = [v for v in dict.fromkeys(summary["variant"]) if kinds[v] == "baseline"]
     panels = [(f"trained at L = {train_len}", trained, True)]
     if tricks:
         ref = [v for v in ("O", "E") if v in trained]
@@ -242,10 +271,12 @@ def figure(
             if g.empty:
                 continue
             kind = kinds[variant]
+            pairs = zip(g["std"], g["count"], strict=True)
+            half = [stats.interval_half_width(sd, int(c)) for sd, c in pairs]
             ax.errorbar(
                 g["eval_len"],
                 g["mean"],
-                yerr=g["std"].fillna(0.0),
+                yerr=[0.0 if math.isnan(h) else h for h in half],
                 label=variant if kind == "trained" else f"{variant} (eval-time)",
                 color=colour[variant],
                 linestyle="-" if kind == "trained" else "--",
@@ -254,6 +285,11 @@ def figure(
                 capsize=3,
                 linewidth=2.2 if variant in ("O", "E") else 1.3,
             )
+        for variant in floors:
+            g = summary[summary["variant"] == variant].dropna(subset=["mean"])
+            g = g.sort_values("eval_len")
+            ax.plot(g["eval_len"], g["mean"], color="black", linestyle="-.", linewidth=1.0,
+                    label=f"{variant} (no model)")  # fmt: skip
         if published:
             for pname, values in PUBLISHED.items():
                 xs = [n for n in lengths if n in values]

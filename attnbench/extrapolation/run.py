@@ -20,16 +20,18 @@ import datetime as dt
 import json
 import random
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from attnbench.data import load_corpus
 from attnbench.errors import AttnbenchError
-from attnbench.extrapolation import curves, report
+from attnbench.extrapolation import baseline, curves, report
 from attnbench.extrapolation.config import (
     EvalTimeVariant,
     ExtrapConfig,
@@ -150,6 +152,15 @@ class Plan:
                 "continue them, --eval-only to re-evaluate them, or --overwrite to start over"
             )
 
+    def reload(self) -> None:
+        """Read again the checkpoints that were unfinished (trained meanwhile by workers)."""
+        self.entries = [
+            (v, seed, path, key, load_checkpoint(path) if path.exists() else ckpt)
+            if ckpt is None or not ckpt["done"]
+            else (v, seed, path, key, ckpt)
+            for v, seed, path, key, ckpt in self.entries
+        ]
+
 
 def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     """Train (or resume, or load) every variant and seed, evaluate, write the outputs."""
@@ -209,6 +220,9 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     curves_csv: Path | None = None
     trainings: list[dict[str, Any]] = []
     try:
+        if not opts.eval_only:
+            train_in_parallel(cfg, opts, plan, train_stream, device)
+            plan.reload()
         for v, seed, path, key, ckpt in plan.entries:
             ckpt, info = _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device)
             trainings.append(info)
@@ -220,6 +234,8 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
             curves_csv = _gather_curves(plan, opts)
     finally:
         torch.set_num_threads(old_threads)
+    rows += baseline_rows(cfg, train_stream, stream)
+    report.write_csv(rows, opts.out / CSV_NAME)
 
     lengths = list(cfg.eval.lengths)
     summary = report.summarise(rows)
@@ -284,17 +300,21 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
             f"Made by: `{command}`",
             "",
             "Masked-token accuracy (%), mean ± std over seeds. Eval-time rows reuse the trained O "
-            "weights. Su 2021's rows are its published numbers (other data and model): compare "
-            "shapes, not levels.",
+            "weights. `count-baseline` is no model: "
+            + baseline.describe()
+            + ", on the same masked positions; read every row against it. Su 2021's rows are its "
+            "published numbers (other data and model): compare shapes, not levels.",
             "",
             report.markdown_table(summary, lengths),
             "",
-            "Difference to O, paired by seed (points):",
+            "Difference to O, paired by seed (points): mean [95 % t-interval] and p of the paired "
+            "t-test over seeds; bold where p < 0.05. A claim without bold is not established by "
+            "these seeds.",
             "",
             report.markdown_difference(diff, lengths),
             "",
             *(
-                ["Su 2021's shape, on the mean over seeds of E − O:", "", *checks, ""]
+                ["Su 2021's shape, E − O (on the mean, and its significance):", "", *checks, ""]
                 if (checks := report.shape_checks(diff))
                 else []
             ),
@@ -325,39 +345,15 @@ def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device):
     else:
         if opts.eval_only:  # Plan rules this out; kept as a guard
             raise AttnbenchError(f"{path} is not finished")
-        torch.manual_seed(seed)
-        random.seed(seed)
-        model = build_model(cfg.model, v.spec).to(device)
         hook = None
         if opts.on_step is not None:
 
             def hook(step: int, label=v.label) -> None:
                 opts.on_step(label, seed, step)
 
-        resume = ckpt if opts.resume else None
-        history = curves.history_points(resume["history"], cfg.train) if resume else []
-        curve = curves.CurveLog(curves.curve_path(path), v.label, seed, history, opts.tensorboard)
-        with curve:
-            outcome = train(
-                model,
-                train_stream,
-                cfg.train,
-                train_len=cfg.model.train_len,
-                seed=seed,
-                path=path,
-                key=key,
-                ckpt_every=cfg.run.ckpt_every,
-                resume=resume,
-                progress=opts.progress(),
-                title=f"{v.label} seed {seed}",
-                on_step=hook,
-                on_log=curve.log,
-                log_every=opts.log_every,
-            )
-        opts.log(
-            f"{v.label} seed {seed}: trained {outcome.steps} steps in {outcome.train_time_s:.0f}s"
-            f" ({outcome.tokens_per_s:,.0f} tok/s), final loss {outcome.final_loss:.3f}"
-        )
+        job = TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
+                       opts.log_every, opts.tensorboard)  # fmt: skip
+        opts.log(job.run(train_stream, opts.progress(), hook))
         ckpt = load_checkpoint(path)
     steps = max(1, ckpt["step"])
     info = {
@@ -371,6 +367,101 @@ def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device):
         "checkpoint": str(path),
     }
     return ckpt, info
+
+
+@dataclass
+class TrainJob:
+    """One (variant, seed) training, runnable here or in a worker process (picklable)."""
+
+    cfg: ExtrapConfig
+    variant: TrainedVariant
+    seed: int
+    path: Path
+    key: dict
+    resume: dict | None
+    device: str
+    log_every: int
+    tensorboard: Path | None
+
+    def run(self, train_stream: Tensor, progress: TrainProgress, on_step=None) -> str:
+        """Train to the end, checkpoints as it goes; returns the one-line summary."""
+        v, seed, cfg = self.variant, self.seed, self.cfg
+        torch.manual_seed(seed)
+        random.seed(seed)
+        model = build_model(cfg.model, v.spec).to(self.device)
+        history = curves.history_points(self.resume["history"], cfg.train) if self.resume else []
+        curve = curves.CurveLog(curves.curve_path(self.path), v.label, seed, history,
+                                self.tensorboard)  # fmt: skip
+        with curve:
+            outcome = train(
+                model,
+                train_stream,
+                cfg.train,
+                train_len=cfg.model.train_len,
+                seed=seed,
+                path=self.path,
+                key=self.key,
+                ckpt_every=cfg.run.ckpt_every,
+                resume=self.resume,
+                progress=progress,
+                title=f"{v.label} seed {seed}",
+                on_step=on_step,
+                on_log=curve.log,
+                log_every=self.log_every,
+            )
+        return (
+            f"{v.label} seed {seed}: trained {outcome.steps} steps in {outcome.train_time_s:.0f}s"
+            f" ({outcome.tokens_per_s:,.0f} tok/s), final loss {outcome.final_loss:.3f}"
+        )
+
+
+def _train_in_worker(job: TrainJob, train_stream: Tensor, threads: int) -> str:
+    """A worker process's whole life: its thread count, then one training."""
+    torch.set_num_threads(threads)
+    return job.run(train_stream, NoProgress())
+
+
+def train_in_parallel(cfg, opts, plan, train_stream, device) -> None:
+    """The plan's unfinished trainings in ``workers`` processes at once, each with ``threads``
+    torch threads (CPU only; see RunConfig.parallel). Their checkpoints are then loaded as
+    finished ones. A failed training raises here; the finished ones stay."""
+    import multiprocessing
+
+    todo = [(v, seed, path, key, ckpt) for v, seed, path, key, ckpt in plan.entries
+            if ckpt is None or not ckpt["done"]]  # fmt: skip
+    workers, threads = parallel_layout(cfg, device, len(todo), opts)
+    if workers < 2:
+        return
+    names = ", ".join(f"{v.label} seed {seed}" for v, seed, *_ in todo)
+    opts.log(f"training {names}: {workers} at once, {threads} thread{'s' * (threads > 1)} each")
+    jobs = [TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
+                     opts.log_every, opts.tensorboard)
+            for v, seed, path, key, ckpt in todo]  # fmt: skip
+    pool = multiprocessing.get_context("spawn").Pool(workers)
+    try:
+        pending = [pool.apply_async(_train_in_worker, (job, train_stream, threads)) for job in jobs]
+        for result in pending:
+            opts.log(result.get())
+        pool.close()
+    except BaseException:
+        # Ctrl-C reaches the workers too (they checkpoint and stop); SIGTERM, an error: stop
+        # them now. Either way --resume continues from the last checkpoints.
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
+def parallel_layout(cfg, device, pending: int, opts) -> tuple[int, int]:
+    """(processes, threads each) for ``pending`` trainings: one process on a GPU, with hooks
+    (tests) or when asked for; else up to RunConfig.parallel (0: the thread budget), each with
+    an equal share of the threads."""
+    budget = _threads(cfg)
+    if device.type != "cpu" or opts.on_step is not None or pending < 2:
+        return 1, budget
+    wanted = cfg.run.parallel or budget
+    workers = max(1, min(wanted, pending, budget))
+    return workers, max(1, budget // workers)
 
 
 def _curve_from_history(cfg, v, seed, path, ckpt) -> None:
@@ -410,6 +501,40 @@ def _row(cfg, label, kind, seed, res, ckpt, **extra) -> dict[str, Any]:
     for i, h in enumerate(res.entropy):
         row[f"entropy_l{i}"] = h
     return row
+
+
+def baseline_rows(cfg: ExtrapConfig, train: Tensor, stream: EvalStream) -> list[dict[str, Any]]:
+    """The count baseline (:mod:`attnbench.extrapolation.baseline`) at every evaluation length,
+    on the same windows and masks as the models: one row per length, no seed."""
+    started = time.perf_counter()
+    counts = baseline.ContextCounts(train)
+    rows = []
+    for n in cfg.eval.lengths:
+        tokens, mask = stream.windows(n)
+        correct, masked = counts.accuracy(tokens, mask)
+        rows.append(
+            {
+                "variant": baseline.LABEL,
+                "kind": "baseline",
+                "applied_to": "",
+                "mechanism": "",
+                "path": "",
+                "params": "",
+                "note": baseline.describe(counts.width),
+                "seed": None,
+                "train_len": cfg.model.train_len,
+                "eval_len": n,
+                "accuracy": 100.0 * correct / max(1, masked),
+                "loss": None,  # a count table has no probabilities to score
+                "masked_tokens": masked,
+                "windows": tokens.shape[0],
+                "eval_tokens": tokens.numel(),
+                "eval_time_s": round(time.perf_counter() - started, 3),
+                "status": "ok",
+                "reason": "",
+            }
+        )
+    return rows
 
 
 def _failed_row(cfg, label, kind, seed, n, ckpt, reason, **extra) -> dict[str, Any]:

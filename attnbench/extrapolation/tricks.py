@@ -8,7 +8,12 @@ training length, n the length of the window being evaluated, s = max(1, n / L), 
 ======== ====================================================================================
 logn     scores times max(1, log n_i / log L), n_i the keys query i sees (Su 2021's log_L n,
          clipped as Su 2021 advises for use beyond the trained length; Qwen's logn-attn)
-yarn-temp scores times (0.1 ln s + 1)^2: YaRN's attention temperature (Peng et al. 2023) alone
+temperature scores times (0.1 ln s + 1)^2: YaRN's attention temperature alone (Peng et al.
+         2023), without its interpolation: not YaRN
+yarn     YaRN (Peng et al. 2023) in full: each rotary frequency theta_i interpolated by parts,
+         theta_i' = (1 - g) theta_i / s + g theta_i with g = clip((r_i - alpha) / (beta -
+         alpha), 0, 1) and r_i = L theta_i / 2 pi the turns pair i makes over the training
+         length (alpha = 1, beta = 32: the paper's defaults), plus the temperature above
 local    query i sees keys j with abs(i - j) <= local_window (L/2 by default), dense -inf mask
 chunk    the window is cut into independent L-token chunks (the sanity floor; done by the
          evaluator, the mixer itself is plain)
@@ -18,7 +23,9 @@ rerope   relative positions clipped to +-w (w = rerope_window, L/2 by default): 
          needs the scores with and without rotation, so it is dense and evaluation-only
 ======== ====================================================================================
 
-Tricks compose with ``+`` (``ntk+logn``), except ``chunk``, which stands alone. The dense path
+Tricks compose with ``+`` (``ntk+logn``, ``rerope+logn`` as in Su's own ReRoPE code), except
+``chunk``, which stands alone; at most one of ``ntk``, ``pi`` and ``yarn`` (each sets the rotary
+frequencies), and ``yarn`` already holds ``temperature``. The dense path
 spells everything out (and feeds the entropy probe); the same computation through SDPA, with the
 row scale folded into q and the window as a boolean mask, evaluates the rest of the windows
 faster. ReRoPE is dense only. An evaluation tool, not a training path.
@@ -37,9 +44,19 @@ from torch import Tensor, nn
 from attnbench.errors import AttnbenchError, unknown
 from attnbench.layers import Rotary
 
+#: YaRN's ramp: pairs making fewer than alpha turns over the training length are interpolated
+#: fully, more than beta not at all (Peng et al. 2023's defaults for LLaMA).
+YARN_ALPHA, YARN_BETA = 1.0, 32.0
+#: Names that set the rotary frequencies: at most one per row.
+ROTARY_TRICKS = ("ntk", "pi", "yarn")
+#: Old names, and what they are called now.
+RENAMED = {"yarn-temp": "temperature"}
+
 TRICKS: dict[str, str] = {
     "logn": "scores x max(1, log n / log L) (Su 2021's log_L n, clipped)",
-    "yarn-temp": "scores x (0.1 ln(n/L) + 1)^2 (YaRN's temperature alone)",
+    "temperature": "scores x (0.1 ln(n/L) + 1)^2 (YaRN's temperature alone, not YaRN)",
+    "yarn": f"YaRN: rotary frequencies interpolated by parts (alpha={YARN_ALPHA:g}, "
+    f"beta={YARN_BETA:g}) + scores x (0.1 ln(n/L) + 1)^2",
     "local": "local window: each query sees keys within +-local_window (L/2)",
     "chunk": "independent L-chunks (sanity floor)",
     "ntk": "NTK-aware rotary base: base x (n/L)^(d/(d-2))",
@@ -88,8 +105,21 @@ def parse_tricks(
     if not names:
         raise AttnbenchError(f"empty evaluation-time row {text!r}; known: {', '.join(TRICKS)}")
     for name in names:
+        if name in RENAMED:
+            raise AttnbenchError(
+                f"evaluation-time trick {name!r} is now called {RENAMED[name]!r} (it is YaRN's "
+                "temperature alone); 'yarn' is YaRN in full"
+            )
         if name not in TRICKS:
             raise unknown("evaluation-time trick", name, list(TRICKS))
+    rotary = [n for n in names if n in ROTARY_TRICKS]
+    if len(rotary) > 1:
+        raise AttnbenchError(
+            f"evaluation-time row {text!r} sets the rotary frequencies twice "
+            f"({', '.join(rotary)}); accepted: at most one of {', '.join(ROTARY_TRICKS)}"
+        )
+    if "yarn" in names and "temperature" in names:
+        raise AttnbenchError(f"evaluation-time row {text!r}: yarn already holds the temperature")
     if len(set(names)) != len(names):
         raise AttnbenchError(f"evaluation-time row {text!r} names a trick twice")
     if "chunk" in names and len(names) > 1:
@@ -101,6 +131,29 @@ def parse_tricks(
         if value < 1:
             raise AttnbenchError(f"invalid {key}={value}; accepted: an integer >= 1")
     return Tricks(names, train_len, local_window, rerope_window)
+
+
+def yarn_temperature(s: float) -> float:
+    """YaRN's logit factor 1/t = (0.1 ln s + 1)^2 for an extension s = n / L (1 for s <= 1)."""
+    return (0.1 * math.log(max(1.0, s)) + 1.0) ** 2
+
+
+def yarn_freq_scale(
+    dim: int,
+    base: float,
+    train_len: int,
+    s: float,
+    alpha: float = YARN_ALPHA,
+    beta: float = YARN_BETA,
+) -> Tensor:
+    """YaRN's factor on each rotary frequency [D/2] (float64) for an extension s = n / L:
+    (1 - g) / s + g, g = clip((r - alpha) / (beta - alpha), 0, 1), r = L theta / (2 pi) the turns
+    the pair makes over the training length. 1 everywhere for s <= 1."""
+    exponents = torch.arange(0, dim, 2, dtype=torch.float64)
+    theta = base ** (-exponents / dim)  # (D/2,)
+    turns = train_len * theta / (2 * math.pi)  # (D/2,)
+    g = ((turns - alpha) / (beta - alpha)).clamp(0.0, 1.0)
+    return (1 - g) / max(1.0, s) + g
 
 
 def rotate(x: Tensor, angles: Tensor) -> Tensor:
@@ -143,7 +196,8 @@ class TrickMixer(nn.Module):
         s = max(1.0, n / L)
         base = self.rope_base * s ** (D / (D - 2)) if self.tricks.has("ntk") else self.rope_base
         scale = min(1.0, L / n) if self.tricks.has("pi") else 1.0
-        return Rotary(D, base=base, position_scale=scale)
+        freq = yarn_freq_scale(D, self.rope_base, L, s) if self.tricks.has("yarn") else None
+        return Rotary(D, base=base, position_scale=scale, freq_scale=freq)
 
     def scores(self, q: Tensor, k: Tensor) -> Tensor:
         """Raw (unscaled) rotary scores [B, H, T, T], with ReRoPE's clipping when asked."""
@@ -174,8 +228,8 @@ class TrickMixer(nn.Module):
         factor = torch.full_like(n_keys, 1.0 / math.sqrt(D))  # (T, 1)
         if self.tricks.has("logn"):
             factor = factor * (n_keys.log() / math.log(L)).clamp(min=1.0)
-        if self.tricks.has("yarn-temp"):
-            factor = factor * (0.1 * math.log(max(1.0, T / L)) + 1.0) ** 2
+        if self.tricks.has("temperature") or self.tricks.has("yarn"):
+            factor = factor * yarn_temperature(T / L)
         return factor, visible
 
     def dense(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

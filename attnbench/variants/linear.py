@@ -46,12 +46,28 @@ from attnbench.precision import float32_sums, refuse_overflow, to_dtype
 from attnbench.spec import Mechanism, Param, PathSpec, Shape, positive_int
 
 
+class _EluPlusOne(torch.autograd.Function):
+    """elu(x) + 1 = x + 1 for x > 0, e^x otherwise, as e^min(x, 0) + max(x, 0): never the
+    literal (e^x - 1) + 1, which cancels to 0 once e^x < eps/2 (x < -17 in float32, -8 in
+    float16) and leaves a row of very negative features 0 instead of e^x. Only the output is
+    saved: the derivative is 1 where y > 1 (x > 0) and y itself elsewhere, i.e. min(y, 1). Faster
+    than F.elu + 1 on a CPU (two fewer passes in the backward)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        y = torch.exp(x.clamp(max=0)).add_(x.clamp(min=0))
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (y,) = ctx.saved_tensors
+        return grad * y.clamp(max=1)
+
+
 def elu_plus_one(x: Tensor) -> Tensor:
-    """elu(x) + 1 = x + 1 for x > 0, e^x otherwise (Katharopoulos et al. 2020), written without
-    the literal (e^x - 1) + 1, which cancels to 0 once e^x < eps/2 (x < -17 in float32, -8 in
-    float16) and leaves a row of very negative features 0 instead of e^x. The exp is taken of
-    min(x, 0) so that the branch not taken never overflows (its inf would make the gradient NaN)."""
-    return torch.where(x > 0, x + 1, torch.exp(x.clamp(max=0)))
+    """Katharopoulos et al. 2020's feature map elu(x) + 1, without cancellation (see above)."""
+    return _EluPlusOne.apply(x)
 
 
 FEATURE_MAPS: dict[str, Callable[[Tensor], Tensor]] = {

@@ -1,0 +1,71 @@
+"""The extrapolation table's statistics and its count baseline (issue 18)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnbench.extrapolation import stats
+from attnbench.extrapolation.baseline import ContextCounts
+
+
+@pytest.mark.parametrize(
+    ("p", "df", "t"),
+    [(0.975, 1, 12.706205), (0.975, 2, 4.302653), (0.975, 7, 2.364624), (0.95, 10, 1.812461),
+     (0.975, 1000, 1.962339), (0.5, 3, 0.0)],
+)  # fmt: skip
+def test_t_quantiles_match_the_tables(p, df, t):
+    assert stats.t_quantile(p, df) == pytest.approx(t, abs=1e-5)
+    assert stats.t_cdf(t, df) == pytest.approx(p, abs=1e-6)  # t is rounded to 6 decimals
+
+
+def test_paired_interval_and_p():
+    """The committed 3-seed E - O at n = 1024 (+14.5, +3.3, +0.7): p ~ 0.28, interval about -12
+    to +24, not significant; a tight difference is."""
+    wide = stats.paired([14.5, 3.3, 0.7])
+    assert wide.mean == pytest.approx(6.1667, abs=1e-3)
+    assert wide.p == pytest.approx(0.283, abs=0.005)
+    assert wide.low == pytest.approx(-12.05, abs=0.05) and wide.high == pytest.approx(24.4, 0.05)
+    assert not wide.significant and "p 0.28" in wide.text()
+    tight = stats.paired([4.5, 5.2, 4.7, 5.0])
+    assert tight.significant and tight.low > 0
+    one = stats.paired([3.0])
+    assert one.count == 1 and math.isnan(one.low) and "1 seed" in one.text()
+    assert stats.paired([2.0, 2.0]).p == 0.0  # no spread at all: a certain difference
+
+
+def test_the_count_baseline_predicts_from_visible_context_and_backs_off():
+    text = b"abcXdef abcXdef abcYdef abcXdef zzzQzzz"
+    train = torch.tensor(list(text), dtype=torch.uint8)
+    counts = ContextCounts(train, width=3)
+    window = torch.tensor([list(b"abc?defzz")], dtype=torch.uint8)
+    mask = torch.zeros(1, 9, dtype=torch.bool)
+    mask[0, 3] = True
+    assert counts.predict(window, mask)[0, 3].item() == ord("X")  # 3 of 4 "abc_def" are X
+    mask[0, 5] = True  # a masked neighbour: the +-3 and +-2 contexts are not visible
+    guess = counts.predict(window, mask)
+    assert guess[0, 3].item() == ord("X")  # "c_d" at +-1 still says X
+    edge = counts.predict(window[:, :4], mask[:, :4])  # the right context is cut off
+    most_frequent = max(set(text), key=lambda b: (text.count(b), -b))
+    assert edge[0, 3].item() == most_frequent  # backs off to +-0: the commonest byte
+    correct, masked = counts.accuracy(window, mask)
+    assert masked == 2 and 0 <= correct <= 2
+
+
+def test_su_2021_expression_matches_a_monte_carlo_of_its_own_definition():
+    """theory_offset integrates log E[e^{x t}] - x E[t e^{x t}] / E[e^{x t}] over the cosine's
+    density; the same quantity estimated from random unit vectors agrees, and its slope is
+    0.24-ish only at large lambda*d."""
+    from attnbench.extrapolation.entropy import theory_offset, theory_slope
+
+    d, x = 64, 8.0
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(400_000, d, generator=gen, dtype=torch.float64)
+    t = k[:, 0] / k.norm(dim=-1)  # cosine with a fixed unit q
+    w = torch.exp(x * t)
+    mc = (torch.log(w.mean()) - x * (t * w).mean() / w.mean()).item()
+    assert theory_offset(x, d) == pytest.approx(mc, abs=0.01)
+    assert 0.05 < theory_slope(3.6, 10.7, d) < 0.15
+    assert 0.2 < theory_slope(16.0, 64.0, d) < 0.32
