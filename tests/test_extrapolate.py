@@ -116,6 +116,13 @@ def test_end_to_end_outputs(trained):
     table = (out / "table.md").read_text()
     assert "Su 2021: Attention-E" in table and "| O+chunk | eval-time |" in table
     assert "| count-baseline | baseline |" in table and "95 % t-interval" in table
+    assert "bootstrap interval" in table
+    pieces = pd.read_csv(out / "pieces.csv")
+    sums = pieces.groupby(["variant", "seed", "eval_len"])[["masked", "correct"]].sum()
+    models = df[df["kind"] != "baseline"].set_index(["variant", "seed", "eval_len"])
+    joined = sums.join(models[["masked_tokens", "accuracy"]])
+    assert (joined["masked"] == joined["masked_tokens"]).all()
+    assert ((100 * joined["correct"] / joined["masked"] - joined["accuracy"]).abs() < 1e-4).all()
     assert "Su 2021: Attention-O" in res.output
     png = (out / "accuracy_vs_length.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000

@@ -69,3 +69,19 @@ def test_su_2021_expression_matches_a_monte_carlo_of_its_own_definition():
     assert theory_offset(x, d) == pytest.approx(mc, abs=0.01)
     assert 0.05 < theory_slope(3.6, 10.7, d) < 0.15
     assert 0.2 < theory_slope(16.0, 64.0, d) < 0.32
+
+
+def test_bootstrap_over_pieces():
+    from attnbench.extrapolation.report import bootstrap_difference
+
+    masked = [150] * 64
+    same = bootstrap_difference(masked, [90] * 64, [90] * 64)
+    assert same == (0.0, 0.0)
+    gen = torch.Generator().manual_seed(1)
+    base = (torch.rand(64, generator=gen) * 40 + 60).round().int().tolist()
+    better = [b + 15 for b in base]  # +10 points in every piece
+    low, high = bootstrap_difference(masked, better, base)
+    assert low == pytest.approx(10.0) and high == pytest.approx(10.0)  # paired: no spread
+    noisy = [min(150, max(0, b + (15 if i % 2 else -5))) for i, b in enumerate(base)]
+    low, high = bootstrap_difference(masked, noisy, base)
+    assert low < 10 / 3 < high and high - low > 1  # mean +3.3 points, pieces disagree

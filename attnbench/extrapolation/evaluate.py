@@ -60,6 +60,12 @@ class EvalStream:
     def pieces(self) -> int:
         return self.size // self.chunk
 
+    def positions(self, n: int) -> Tensor:
+        """Where each token of :meth:`windows` lies in the span: [W, n] long."""
+        per = self.chunk // n
+        idx = torch.arange(self.size).view(self.pieces, self.chunk)[:, : per * n]
+        return idx.reshape(-1, n)
+
     def windows(self, n: int) -> tuple[Tensor, Tensor]:
         """Windows of exactly n contiguous tokens inside the pieces: (tokens [W, n] long, mask
         [W, n] bool), W = pieces x (chunk // n)."""
@@ -157,6 +163,9 @@ class EvalResult:
     loss_sum: float
     entropy: list[float | None] = field(default_factory=list)
     seconds: float = 0.0
+    #: Per piece of the span: masked tokens scored and correct (the unit of the bootstrap).
+    piece_masked: list[int] = field(default_factory=list)
+    piece_correct: list[int] = field(default_factory=list)
 
     @property
     def accuracy(self) -> float:
@@ -308,11 +317,14 @@ def evaluate(
     t0 = time.perf_counter()
     model.eval()
     toks, mask = stream.windows(n)  # (W, n)
+    where = stream.positions(n)  # (W, n) span positions of the tokens
     W = toks.shape[0]
     parts = list(_chunks(toks, mask, chunk)) if chunk else [(toks, mask, n)]
+    places = [p for p, _, _ in _chunks(where, mask, chunk)] if chunk else [where]
     res = EvalResult(n=n, windows=W, tokens=W * n, masked=0, correct=0, loss_sum=0.0)
+    hits = torch.zeros(stream.size, dtype=torch.bool)  # (S,) masked and predicted right
     with LengthGuard(model) as guard, EntropyProbe(model) as probe:
-        for ptoks, pmask, m in parts:
+        for (ptoks, pmask, m), ppos in zip(parts, places, strict=True):
             rows = ptoks.shape[0]
             first = max(1, entropy_tokens // n) if entropy_tokens else 0  # windows probed
             split = min(rows, first * (rows // W))  # their rows (chunks) in this part
@@ -321,16 +333,24 @@ def evaluate(
                 probe.active = active
                 for b0 in range(lo, hi, per_batch):
                     b1 = min(hi, b0 + per_batch)
-                    _score(model, ptoks[b0:b1], pmask[b0:b1], res, guard, m)
+                    right = _score(model, ptoks[b0:b1], pmask[b0:b1], res, guard, m)
+                    hits[ppos[b0:b1][pmask[b0:b1]][right]] = True
         res.entropy = probe.means()
     res.seconds = time.perf_counter() - t0
     expected = int(mask.sum())
     if res.masked != expected:
         raise LengthCheckError(f"scored {res.masked} masked tokens, the windows hold {expected}")
+    scored = torch.zeros(stream.size, dtype=torch.bool)
+    scored[where[mask]] = True
+    res.piece_masked = scored.view(stream.pieces, -1).sum(1).tolist()
+    res.piece_correct = hits.view(stream.pieces, -1).sum(1).tolist()
+    if sum(res.piece_correct) != res.correct:
+        raise LengthCheckError(f"{sum(res.piece_correct)} hits by piece, {res.correct} in all")
     return res
 
 
-def _score(model: nn.Module, x: Tensor, xm: Tensor, res: EvalResult, guard, m: int) -> None:
+def _score(model: nn.Module, x: Tensor, xm: Tensor, res: EvalResult, guard, m: int) -> Tensor:
+    """Score one batch into ``res``; returns which masked tokens (row-major) were right."""
     if x.shape[1] != m:
         raise LengthCheckError(f"batch has length {x.shape[1]}, expected {m}")
     device = next(model.parameters()).device
@@ -343,6 +363,8 @@ def _score(model: nn.Module, x: Tensor, xm: Tensor, res: EvalResult, guard, m: i
     logits = model.logits(hidden[xm])  # (N, 256)
     targets = x[xm]  # (N,)
     res.masked += targets.numel()
+    right = (logits.argmax(-1) == targets).cpu()  # (N,)
     if targets.numel():
-        res.correct += int((logits.argmax(-1) == targets).sum())
+        res.correct += int(right.sum())
         res.loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
+    return right

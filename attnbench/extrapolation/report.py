@@ -362,3 +362,70 @@ def figure_from_csv(path: Path | str, out_dir: Path | None = None, fmt: str = "p
     target = out / f"accuracy_vs_length.{fmt}"
     figure(summarise(rows), lengths, train_len, target, title)
     return target
+
+
+# --------------------------------------------------------------------------------------------
+# Within one seed: a bootstrap over the evaluation span's pieces
+# --------------------------------------------------------------------------------------------
+
+#: Bootstrap draws (resamples of the pieces) per (variant, seed, length).
+BOOTSTRAP_DRAWS = 2000
+
+
+def write_pieces(rows: Sequence[dict[str, Any]], key: str, path: Path) -> None:
+    """Per row and piece of the span: masked tokens and correct predictions (tidy CSV)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["variant", "seed", "eval_len", "piece", "masked", "correct"])
+        for row in rows:
+            if key not in row:
+                continue
+            masked, correct = row[key]
+            for i, (m, c) in enumerate(zip(masked, correct, strict=True)):
+                writer.writerow([row["variant"], row["seed"], row["eval_len"], i, m, c])
+    tmp.replace(path)
+
+
+def bootstrap_difference(
+    masked: Sequence[int],
+    correct: Sequence[int],
+    base_correct: Sequence[int],
+    draws: int = BOOTSTRAP_DRAWS,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """95 % percentile interval of accuracy(variant) - accuracy(base) in points, resampling the
+    pieces with replacement (the same pieces for both: the difference is paired)."""
+    import numpy as np
+
+    m, c, b = (np.asarray(x, dtype=np.float64) for x in (masked, correct, base_correct))
+    pick = np.random.default_rng(seed).integers(0, len(m), size=(draws, len(m)))
+    total = m[pick].sum(1)
+    diff = 100.0 * (c[pick].sum(1) - b[pick].sum(1)) / np.maximum(total, 1.0)
+    low, high = np.percentile(diff, [2.5, 97.5])
+    return float(low), float(high)
+
+
+def within_seed(rows: Sequence[dict[str, Any]], key: str, base: str = "O") -> pd.DataFrame:
+    """Per (variant, length): the bootstrap interval's half-width of variant − base, averaged
+    over the seeds both were evaluated with."""
+    found = {(r["variant"], r["seed"], r["eval_len"]): r[key] for r in rows if key in r}
+    out = []
+    for (variant, seed, n), (masked, correct) in found.items():
+        ref = found.get((base, seed, n))
+        if variant == base or ref is None:
+            continue
+        low, high = bootstrap_difference(masked, correct, ref[1])
+        out.append({"variant": variant, "eval_len": n, "seed": seed, "half": (high - low) / 2})
+    frame = pd.DataFrame(out, columns=["variant", "eval_len", "seed", "half"])
+    return frame.groupby(["variant", "eval_len"], sort=False)["half"].mean().reset_index()
+
+
+def markdown_within_seed(frame: pd.DataFrame, lengths: Sequence[int], base: str = "O") -> str:
+    head = f"| variant − {base} | " + " | ".join(f"n={n}" for n in lengths) + " |"
+    lines = [head, "|---|" + "---:|" * len(lengths)]
+    for variant, group in frame.groupby("variant", sort=False):
+        by_n = {int(r.eval_len): r.half for r in group.itertuples()}
+        cells = [f"±{by_n[n]:.1f}" if n in by_n else "-" for n in lengths]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -58,6 +58,10 @@ MASKING = (
 #: byte-fraction cut of earlier versions put the opening of the first held-out play in training).
 SPLIT_RULE = "at the start of the work nearest the holdout fraction"
 
+#: The row key holding a row's per-piece (masked, correct) counts, written to PIECES_NAME.
+PIECES = "_pieces"
+PIECES_NAME = "pieces.csv"
+
 CSV_NAME, SIDECAR_NAME, TABLE_NAME, FIGURE_NAME = (
     "extrapolate.csv",
     "extrapolate.json",
@@ -236,6 +240,7 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         torch.set_num_threads(old_threads)
     rows += baseline_rows(cfg, train_stream, stream)
     report.write_csv(rows, opts.out / CSV_NAME)
+    report.write_pieces(rows, PIECES, opts.out / PIECES_NAME)
 
     lengths = list(cfg.eval.lengths)
     summary = report.summarise(rows)
@@ -283,7 +288,7 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "git": machine.git_state(),
         "notes": notes,
-        "outputs": [CSV_NAME, TABLE_NAME, FIGURE_NAME]
+        "outputs": [CSV_NAME, PIECES_NAME, TABLE_NAME, FIGURE_NAME]
         + ([curves.COMBINED_NAME] if curves_csv else []),
     }
     (opts.out / SIDECAR_NAME).write_text(json.dumps(sidecar, indent=1, default=str) + "\n")
@@ -312,6 +317,13 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
             "these seeds.",
             "",
             report.markdown_difference(diff, lengths),
+            "",
+            f"Within one seed, the evaluation text's own sampling error: 95 % bootstrap interval "
+            f"of variant − O over the span's {stream.pieces} pieces (resampled with replacement, "
+            f"{report.BOOTSTRAP_DRAWS} draws, paired), its half-width averaged over seeds "
+            "(points):",
+            "",
+            report.markdown_within_seed(report.within_seed(rows, PIECES), lengths),
             "",
             *(
                 ["Su 2021's shape, E − O (on the mean, and its significance):", "", *checks, ""]
@@ -497,6 +509,7 @@ def _row(cfg, label, kind, seed, res, ckpt, **extra) -> dict[str, Any]:
         "status": "ok",
         "reason": "",
         **extra,
+        PIECES: (res.piece_masked, res.piece_correct),  # not a CSV column: pieces.csv
     }
     for i, h in enumerate(res.entropy):
         row[f"entropy_l{i}"] = h
