@@ -4,7 +4,6 @@ terminal (CI logs, pipes)."""
 from __future__ import annotations
 
 import sys
-import time
 
 from rich.console import Console
 from rich.progress import (
@@ -16,7 +15,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from attnbench.extrapolation.progress import TrainProgress
+from attnbench.extrapolation.progress import LineProgress, TrainProgress
 
 
 class RichProgress:
@@ -49,33 +48,6 @@ class RichProgress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
-
-
-class LineProgress:
-    """Plain lines on stderr (not a terminal: CI logs, pipes), about ``lines`` per training."""
-
-    def __init__(self, lines: int = 10, stream=None):
-        self.lines, self.stream = lines, stream or sys.stderr
-        self._every, self._title, self._total, self._t0 = 1, "", 0, 0.0
-
-    def start(self, title: str, total: int, completed: int) -> None:
-        self._title, self._total, self._t0 = title, total, time.perf_counter()
-        self._every = max(1, total // max(1, self.lines))
-        if completed:
-            print(f"{title}: resuming at step {completed}/{total}", file=self.stream, flush=True)
-
-    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
-        if step % self._every and step != self._total:
-            return
-        print(
-            f"{self._title}: step {step}/{self._total} loss {loss:.3f} "
-            f"{tokens_per_s:,.0f} tok/s {time.perf_counter() - self._t0:.0f}s",
-            file=self.stream,
-            flush=True,
-        )
-
-    def stop(self) -> None:
-        pass
 
 
 def default_progress() -> TrainProgress:

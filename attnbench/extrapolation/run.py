@@ -42,7 +42,7 @@ from attnbench.extrapolation.config import (
 )
 from attnbench.extrapolation.evaluate import EvalStream, evaluate, make_eval_stream
 from attnbench.extrapolation.model import MLMEncoder, build_model
-from attnbench.extrapolation.progress import NoProgress, TrainProgress
+from attnbench.extrapolation.progress import LineProgress, NoProgress, TrainProgress
 from attnbench.extrapolation.train import HISTORY_EVERY, check_key, load_checkpoint, train
 from attnbench.extrapolation.tricks import TrickMixer
 from attnbench.measure import machine
@@ -305,7 +305,7 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
             f"Made by: `{command}`",
             "",
             "Masked-token accuracy (%), mean ± std over seeds. Eval-time rows reuse the trained O "
-            "weights. `count-baseline` is no model: "
+            "weights. `count-baseline` has "
             + baseline.describe()
             + ", on the same masked positions; read every row against it. Su 2021's rows are its "
             "published numbers (other data and model): compare shapes, not levels.",
@@ -430,7 +430,7 @@ class TrainJob:
 def _train_in_worker(job: TrainJob, train_stream: Tensor, threads: int) -> str:
     """A worker process's whole life: its thread count, then one training."""
     torch.set_num_threads(threads)
-    return job.run(train_stream, NoProgress())
+    return job.run(train_stream, LineProgress(lines=10))
 
 
 def train_in_parallel(cfg, opts, plan, train_stream, device) -> None:
