@@ -688,3 +688,25 @@ def test_parallel_trainings_equal_sequential_ones(tmp_path):
                 if r["kind"] == "trained"]  # fmt: skip
 
     assert trained(at_once) == trained(one_by_one)
+
+
+def test_overwrite_retrains_even_one_at_a_time(tmp_path):
+    """--overwrite with one process at a time (1 thread): the old, finished checkpoints are
+    never picked up again; the new config is trained."""
+    corpus = make_corpus(tmp_path / "c.txt")
+    cfg = _tiny_cfg(corpus)
+    run_extrapolate(cfg, _opts(tmp_path / "out"))
+    again = run_extrapolate(cfg.override({"steps": 13}), _opts(tmp_path / "out", overwrite=True))
+    ckpt = torch.load(tmp_path / "out/checkpoints/E-seed0.pt", weights_only=False)
+    assert ckpt["step"] == 13
+    assert {r["train_steps"] for r in again.rows if r["kind"] == "trained"} == {13}
+
+
+def test_a_corpus_without_a_boundary_near_the_holdout_is_cut_inside_a_work(tmp_path):
+    from attnbench.data.corpus import load_corpus
+
+    (tmp_path / "a.txt").write_text("a" * 1000)
+    (tmp_path / "b.txt").write_text("b" * 100_000)
+    split = load_corpus(tmp_path).split(0.1)
+    assert not split.at_boundary
+    assert split.describe()["heldout_share"] == pytest.approx(0.1, abs=0.001)

@@ -55,13 +55,17 @@ class Split:
     train: Tensor
     heldout: Tensor
     works: tuple[tuple[str, int, int], ...]
-    at_boundary: bool  # False: a corpus of one work, cut inside it
+    at_boundary: bool  # False: cut inside a work (one work, or no boundary near the fraction)
 
     def describe(self) -> dict:
+        total = self.train.numel() + self.heldout.numel()
         return {
             "train_tokens": int(self.train.numel()),
             "heldout_tokens": int(self.heldout.numel()),
-            "cut": "at the start of a work" if self.at_boundary else "inside the only work",
+            "heldout_share": round(self.heldout.numel() / max(1, total), 4),
+            "cut": "at the start of a work"
+            if self.at_boundary
+            else "inside a work (no boundary within half the holdout share of it)",
             "heldout_works": [name for name, _, _ in self.works],
         }
 
@@ -84,14 +88,19 @@ class Corpus:
 
     def cut(self, holdout: float) -> tuple[int, bool]:
         """The byte where the held-out part starts: the start of the work nearest to
-        ``len - holdout * len`` (never the first work), or that byte when there is one work."""
+        ``len - holdout * len`` (never the first work) when it holds between half and one and a
+        half times the ``holdout`` share; else that byte itself (a corpus of one work, or works
+        too large for a boundary to come close)."""
         if not 0.0 < holdout < 1.0:
             raise AttnbenchError(f"invalid holdout={holdout}; accepted: a fraction in (0, 1)")
-        target = len(self.data) - int(len(self.data) * holdout)
+        size = len(self.data)
+        target = size - int(size * holdout)
         starts = [w.offset for w in self.works[1:]]
-        if not starts:
-            return target, False
-        return min(starts, key=lambda s: (abs(s - target), s)), True
+        if starts:
+            best = min(starts, key=lambda s: (abs(s - target), s))
+            if abs(best - target) <= 0.5 * (size - target):
+                return best, True
+        return target, False
 
     def split(self, holdout: float) -> Split:
         """(train, held-out) cut at a work boundary (see :meth:`cut`)."""

@@ -156,12 +156,11 @@ class Plan:
                 "continue them, --eval-only to re-evaluate them, or --overwrite to start over"
             )
 
-    def reload(self) -> None:
-        """Read again the checkpoints that were unfinished (trained meanwhile by workers)."""
+    def reload(self, trained: set[Path]) -> None:
+        """Read again the checkpoints workers have just trained (``trained``); every other
+        entry stays as planned (an --overwrite run never picks up an old file)."""
         self.entries = [
-            (v, seed, path, key, load_checkpoint(path) if path.exists() else ckpt)
-            if ckpt is None or not ckpt["done"]
-            else (v, seed, path, key, ckpt)
+            (v, seed, path, key, load_checkpoint(path) if path in trained else ckpt)
             for v, seed, path, key, ckpt in self.entries
         ]
 
@@ -225,8 +224,7 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     trainings: list[dict[str, Any]] = []
     try:
         if not opts.eval_only:
-            train_in_parallel(cfg, opts, plan, train_stream, device)
-            plan.reload()
+            plan.reload(train_in_parallel(cfg, opts, plan, train_stream, device))
         for v, seed, path, key, ckpt in plan.entries:
             ckpt, info = _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device)
             trainings.append(info)
@@ -433,17 +431,18 @@ def _train_in_worker(job: TrainJob, train_stream: Tensor, threads: int) -> str:
     return job.run(train_stream, LineProgress(lines=10))
 
 
-def train_in_parallel(cfg, opts, plan, train_stream, device) -> None:
+def train_in_parallel(cfg, opts, plan, train_stream, device) -> set[Path]:
     """The plan's unfinished trainings in ``workers`` processes at once, each with ``threads``
-    torch threads (CPU only; see RunConfig.parallel). Their checkpoints are then loaded as
-    finished ones. A failed training raises here; the finished ones stay."""
+    torch threads (CPU only; see RunConfig.parallel); returns the checkpoints they wrote (none
+    when one process at a time is the layout: the caller trains then). A failed training raises
+    here; the finished ones stay."""
     import multiprocessing
 
     todo = [(v, seed, path, key, ckpt) for v, seed, path, key, ckpt in plan.entries
             if ckpt is None or not ckpt["done"]]  # fmt: skip
     workers, threads = parallel_layout(cfg, device, len(todo), opts)
     if workers < 2:
-        return
+        return set()
     names = ", ".join(f"{v.label} seed {seed}" for v, seed, *_ in todo)
     opts.log(f"training {names}: {workers} at once, {threads} thread{'s' * (threads > 1)} each")
     jobs = [TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
@@ -462,6 +461,7 @@ def train_in_parallel(cfg, opts, plan, train_stream, device) -> None:
         raise
     finally:
         pool.join()
+    return {job.path for job in jobs}
 
 
 def parallel_layout(cfg, device, pending: int, opts) -> tuple[int, int]:

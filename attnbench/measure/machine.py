@@ -179,7 +179,7 @@ class LoadWatch:
             "during_1min_max": round(during[-1], 2) if during else None,
             "samples": len(during),
             "others_before": round(self.before[0], 2),
-            "others_during": round(max(0.0, median - self.threads), 2) if median else None,
+            "others_during": None if median is None else round(max(0.0, median - self.threads), 2),
         }
 
 

@@ -61,7 +61,9 @@ class _EluPlusOne(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         (x,) = ctx.saved_tensors
-        return x.clamp(max=0).exp_().mul_(grad)
+        if torch.is_grad_enabled():  # create_graph: differentiable ops, for double backward
+            return grad * x.clamp(max=0).exp()
+        return x.clamp(max=0).exp_().mul_(grad)  # one new tensor, as elu's backward
 
 
 def elu_plus_one(x: Tensor) -> Tensor:
@@ -193,12 +195,15 @@ def triton(
     [B, H, T, Dv].
     """
     triton_ops.check_call("linear attention", q, k, v, max_v=triton_ops.MAX_HEAD_DIM)
-    fq32, fk32 = phi(q.float(), feature_map), phi(k.float(), feature_map)  # (B, H, T, D)
-    fq, fk = fq32.to(q.dtype), fk32.to(k.dtype)  # the kernel's operands
+    fq, fk = phi(q.float(), feature_map).to(q.dtype), phi(k.float(), feature_map).to(k.dtype)
+    fq32, fk32 = fq.float(), fk.float()  # the kernel's operands, exactly, for the normaliser
     if causal:
-        num = triton_ops.retention_chunked(fq, fk, v, 1.0)  # (B, H, T, Dv)
+        # The kernel returns the bare sum in the input dtype: in float16 it can pass 65504 long
+        # before the normalised output does (T ~ 850 at d = 64): refused, never inf.
+        num = refuse_overflow(triton_ops.retention_chunked(fq, fk, v, 1.0), (q, k, v),
+                              "linear:triton (its unnormalised sum)")  # fmt: skip
         if not normalize:
-            return refuse_overflow(num, (q, k, v), "linear:triton")
+            return num
         z = fk32.cumsum(-2)  # (B, H, T, D): sum_{s <= t} phi(k_s)
     else:
         state = fk32.transpose(-2, -1) @ v.float()  # (B, H, D, Dv)
