@@ -17,6 +17,7 @@ import pandas as pd
 
 from attnbench.errors import AttnbenchError
 from attnbench.extrapolation import stats
+from attnbench.outputs import atomic_open
 
 #: Su 2021's table: MLM accuracy (%) of RoFormer small trained at n = 64.
 PUBLISHED: dict[str, dict[int, float]] = {
@@ -55,13 +56,11 @@ def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
         default=0,
     )
     cols = columns(layers)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
+    with atomic_open(path, "w", newline="", encoding="utf-8") as f:  # whole or not at all
         writer = csv.DictWriter(f, fieldnames=cols, extrasaction="raise")
         writer.writeheader()
         for row in rows:
             writer.writerow({c: _cell(row.get(c)) for c in cols})
-    tmp.replace(path)
 
 
 def _cell(value: Any) -> Any:
@@ -374,8 +373,7 @@ BOOTSTRAP_DRAWS = 2000
 
 def write_pieces(rows: Sequence[dict[str, Any]], key: str, path: Path) -> None:
     """Per row and piece of the span: masked tokens and correct predictions (tidy CSV)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
+    with atomic_open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(["variant", "seed", "eval_len", "piece", "masked", "correct"])
         for row in rows:
@@ -384,7 +382,6 @@ def write_pieces(rows: Sequence[dict[str, Any]], key: str, path: Path) -> None:
             masked, correct = row[key]
             for i, (m, c) in enumerate(zip(masked, correct, strict=True)):
                 writer.writerow([row["variant"], row["seed"], row["eval_len"], i, m, c])
-    tmp.replace(path)
 
 
 def bootstrap_difference(
