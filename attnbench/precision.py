@@ -34,16 +34,18 @@ def float32_sums(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
     """Wrap a path ``fn(q, k, v, **kw)``: half tensors go in as float32, the output comes back in
     q's dtype (gradients flow through both casts). Other dtypes pass unchanged."""
 
+    name = _name(fn)
+
     @functools.wraps(fn)
     def wrapped(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
         if q.dtype not in HALF:
             return fn(q, k, v, **kwargs)
         up = {
-            name: x.float() if isinstance(x, Tensor) and x.dtype in HALF else x
-            for name, x in kwargs.items()
+            key: x.float() if isinstance(x, Tensor) and x.dtype in HALF else x
+            for key, x in kwargs.items()
         }
         out = fn(q.float(), k.float(), v.float(), **up)
-        return to_dtype(out, q.dtype, _name(fn))
+        return to_dtype(out, q.dtype, name)
 
     return wrapped
 

@@ -56,3 +56,23 @@ def mechanism_params(kinds=("reference", "efficient", "fused")) -> list:
         for p in m.paths
         if p.kind in kinds and not p.unavailable("cpu", m.backward)
     ]
+
+
+def write_results(path, rows):
+    """A results CSV of ``rows`` as run speed writes it (ResultsWriter); returns ``path``."""
+    from attnbench.bench.results import ResultsWriter
+
+    writer = ResultsWriter(path)
+    for row in rows:
+        writer.write(row)
+    writer.close()
+    return path
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny shapes: one thread is fastest, and on a shared machine several threads spin."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

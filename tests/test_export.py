@@ -21,12 +21,12 @@ from attnbench.bench.measurement import (
 from attnbench.bench.results import (
     SAMPLES_NAME,
     CaseSamples,
-    ResultsWriter,
     SamplesWriter,
     read_results,
 )
 from attnbench.cli import app
 from attnbench.errors import AttnbenchError
+from tests.conftest import write_results
 
 runner = CliRunner()
 
@@ -52,14 +52,6 @@ def result_row(mechanism="softmax", path="efficient", n=256, direction="fwd", **
     )  # fmt: skip
     row.update(over)
     return row
-
-
-def write_results(path, rows):
-    writer = ResultsWriter(path)
-    for row in rows:
-        writer.write(row)
-    writer.close()
-    return path
 
 
 def grid_rows():

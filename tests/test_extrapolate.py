@@ -61,13 +61,7 @@ def make_corpus(path, words: int = 6000, seed: int = 0):
     return path
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny shapes: one thread is fastest, and on a shared machine several threads spin."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def invoke(*args):

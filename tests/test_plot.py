@@ -15,8 +15,9 @@ from attnbench.bench import plot as plot_module
 from attnbench.bench.figstyle import family_order, mechanism_colors
 from attnbench.bench.headline import headline_figure, headline_key, headline_table
 from attnbench.bench.panels import METRICS, REFERENCE_GID, STOP_OFFSET, family_figure, stop_points
-from attnbench.bench.results import COLUMNS, ResultsWriter, read_results
+from attnbench.bench.results import COLUMNS, read_results
 from attnbench.cli import app
+from tests.conftest import write_results
 
 runner = CliRunner()
 
@@ -58,14 +59,6 @@ def row(impl: str, n: int, status: str = "ok", ms: float | None = None, **values
     return out
 
 
-def write_csv(path, rows):
-    writer = ResultsWriter(path)
-    for r in rows:
-        writer.write(r)
-    writer.close()
-    return path
-
-
 def ref(n: int, ms: float, mem: int) -> dict:
     return row("softmax:efficient", n, ms=ms, mem_fwd_bytes=mem)
 
@@ -103,7 +96,7 @@ def synthetic(tmp_path):
         row("linear:recurrent", 1024, ms=40.0, mem_fwd_bytes=2000),
         row("softmax:sdpa-flash", 256, status="unsupported"),
     ]
-    return write_csv(tmp_path / "results.csv", rows)
+    return write_results(tmp_path / "results.csv", rows)
 
 
 def test_headline_numbers_and_ranking(synthetic):
@@ -185,7 +178,7 @@ def test_plot_writes_time_memory_and_headline(tmp_path, synthetic):
 
 
 def test_plot_with_nothing_measured_is_one_line_and_exit_2(tmp_path):
-    csv = write_csv(tmp_path / "r.csv", [row("softmax:efficient", 64, status="unsupported")])
+    csv = write_results(tmp_path / "r.csv", [row("softmax:efficient", 64, status="unsupported")])
     result = runner.invoke(app, ["plot", str(csv), "--out", str(tmp_path / "f")])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()

@@ -25,12 +25,7 @@ LOG_EVERY = 2
 STEPS = list(range(LOG_EVERY, 13, LOG_EVERY))  # the tiny config trains 12 steps
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class Killed(Exception):

@@ -190,7 +190,8 @@ def combine(curve_files: Iterable[Path], out: Path) -> Path | None:
 # --------------------------------------------------------------------------------------------
 
 
-def _header(path: Path) -> list[str]:
+def csv_header(path: Path) -> list[str]:
+    """The first row of a CSV ([] when it cannot be read as one)."""
     try:
         with path.open(newline="", encoding="utf-8") as f:
             return next(csv.reader(f), [])
@@ -201,7 +202,7 @@ def _header(path: Path) -> list[str]:
 def is_curves_csv(path: Path | str) -> bool:
     """Whether a CSV is a training-curves CSV (has variant, seed, step and loss columns)."""
     path = Path(path)
-    return path.is_file() and set(REQUIRED) <= set(_header(path))
+    return path.is_file() and set(REQUIRED) <= set(csv_header(path))
 
 
 def read_curves(path: Path | str) -> Any:

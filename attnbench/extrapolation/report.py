@@ -321,13 +321,10 @@ TABLE_COLUMNS = ("variant", "kind", "seed", "train_len", "eval_len", "accuracy",
 
 def is_table_csv(path: Path | str) -> bool:
     """Whether a CSV is the extrapolation table of ``run extrapolate``."""
+    from attnbench.extrapolation.curves import csv_header
+
     path = Path(path)
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            header = next(csv.reader(f), [])
-    except (OSError, UnicodeDecodeError, csv.Error):
-        return False
-    return set(TABLE_COLUMNS) <= set(header)
+    return path.is_file() and set(TABLE_COLUMNS) <= set(csv_header(path))
 
 
 def figure_from_csv(path: Path | str, out_dir: Path | None = None, fmt: str = "png") -> Path:

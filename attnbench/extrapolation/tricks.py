@@ -149,8 +149,7 @@ def yarn_freq_scale(
     """YaRN's factor on each rotary frequency [D/2] (float64) for an extension s = n / L:
     (1 - g) / s + g, g = clip((r - alpha) / (beta - alpha), 0, 1), r = L theta / (2 pi) the turns
     the pair makes over the training length. 1 everywhere for s <= 1."""
-    exponents = torch.arange(0, dim, 2, dtype=torch.float64)
-    theta = base ** (-exponents / dim)  # (D/2,)
+    theta = Rotary(dim, base=base).inv_freq()  # (D/2,) float64
     turns = train_len * theta / (2 * math.pi)  # (D/2,)
     g = ((turns - alpha) / (beta - alpha)).clamp(0.0, 1.0)
     return (1 - g) / max(1.0, s) + g
