@@ -662,10 +662,11 @@ def test_renamed_and_conflicting_tricks_are_refused():
 
 
 def test_parallel_trainings_equal_sequential_ones(tmp_path):
-    """Two trainings in two 1-thread worker processes give the checkpoints and rows that one
-    1-thread process training them one after the other gives."""
+    """Two trainings in two 1-thread worker processes, then their evaluations in two worker
+    processes, give the checkpoints and rows that one 1-thread process doing it all one after
+    the other gives."""
     corpus = make_corpus(tmp_path / "c.txt")
-    cfg = _tiny_cfg(corpus).override({"variants": "O,E"})
+    cfg = _tiny_cfg(corpus).override({"variants": "O,E", "eval_time": "logn,yarn"})
     said = []
     one_by_one = run_extrapolate(cfg, _opts(tmp_path / "seq"))
     both = cfg.override({"threads": 2, "parallel": 2})
@@ -677,11 +678,15 @@ def test_parallel_trainings_equal_sequential_ones(tmp_path):
         b = torch.load(tmp_path / "par/checkpoints" / name, weights_only=True)["model"]
         assert all(torch.equal(a[k], b[k]) for k in a), name
 
-    def trained(result):
-        return [(r["variant"], r["eval_len"], r["accuracy"]) for r in result.rows
-                if r["kind"] == "trained"]  # fmt: skip
+    assert any("evaluating" in line and "2 at once" in line for line in said), said
 
-    assert trained(at_once) == trained(one_by_one)
+    def scores(result):
+        return [(r["variant"], r["kind"], r["seed"], r["eval_len"], r["accuracy"], r["loss"],
+                 r["masked_tokens"]) for r in result.rows]  # fmt: skip
+
+    # every row (trained, eval-time, baseline) in the same order with the same numbers
+    assert len(scores(at_once)) == len(scores(one_by_one)) > 6
+    assert scores(at_once) == scores(one_by_one)
 
 
 def test_overwrite_retrains_even_one_at_a_time(tmp_path):

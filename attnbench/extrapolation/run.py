@@ -225,19 +225,25 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     try:
         if not opts.eval_only:
             plan.reload(train_in_parallel(cfg, opts, plan, train_stream, device))
+        tasks: list[EvalTask] = []
+        layout = parallel_layout(cfg, device, eval_task_count(plan, eval_rows), opts)
         for v, seed, path, key, ckpt in plan.entries:
             ckpt, info = _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device)
             trainings.append(info)
-            rows += _evaluate_trained(cfg, opts, v, seed, ckpt, stream, device)
-            if v.label == "O":
-                for ev in eval_rows:
-                    rows += _evaluate_eval_time(cfg, opts, ev, seed, ckpt, stream, device)
-            report.write_csv(rows, opts.out / CSV_NAME)
             curves_csv = _gather_curves(plan, opts)
+            tasks += EvalTask.for_checkpoint(cfg, v, seed, path, eval_rows, str(device))
+            if layout[0] < 2:  # one process: a checkpoint's rows as soon as it is trained
+                for task_rows in evaluate_tasks(tasks, stream, train_stream, layout, opts.log):
+                    rows += task_rows
+                report.write_csv(rows, opts.out / CSV_NAME)
+                tasks = []
+        tasks.append(EvalTask(cfg, "baseline", None, None, None, "cpu"))
+        # Several processes: every evaluation is queued (rows come back in plan order).
+        for task_rows in evaluate_tasks(tasks, stream, train_stream, layout, opts.log):
+            rows += task_rows
+            report.write_csv(rows, opts.out / CSV_NAME)
     finally:
         torch.set_num_threads(old_threads)
-    rows += baseline_rows(cfg, train_stream, stream)
-    report.write_csv(rows, opts.out / CSV_NAME)
     report.write_pieces(rows, PIECES, opts.out / PIECES_NAME)
 
     lengths = list(cfg.eval.lengths)
@@ -565,7 +571,7 @@ def _failed_row(cfg, label, kind, seed, n, ckpt, reason, **extra) -> dict[str, A
     }
 
 
-def _eval_all(cfg, opts, model, label, kind, seed, ckpt, stream, chunk=None, **extra):
+def _eval_all(cfg, log, model, label, kind, seed, ckpt, stream, chunk=None, **extra):
     extra["model_params"] = model.num_params()
     rows = []
     for n in cfg.eval.lengths:
@@ -580,22 +586,22 @@ def _eval_all(cfg, opts, model, label, kind, seed, ckpt, stream, chunk=None, **e
             )
         except (AttnbenchError, RuntimeError) as e:  # a mechanism that cannot run at this n
             reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            opts.log(f"{label} seed {seed} n={n}: {reason}")
+            log(f"{label} seed {seed} n={n}: {reason}")
             rows.append(_failed_row(cfg, label, kind, seed, n, ckpt, reason, **extra))
             continue
         rows.append(_row(cfg, label, kind, seed, res, ckpt, **extra))
     accs = " ".join(f"{r['accuracy']:.1f}" if r["status"] == "ok" else "err" for r in rows)
-    opts.log(f"  {label:<14} seed {seed}: accuracy {accs}")
+    log(f"  {label:<14} seed {seed}: accuracy {accs}")
     return rows
 
 
-def _evaluate_trained(cfg, opts, v: TrainedVariant, seed, ckpt, stream, device) -> list[dict]:
+def _evaluate_trained(cfg, log, v: TrainedVariant, seed, ckpt, stream, device) -> list[dict]:
     model = build_model(cfg.model, v.spec)
     model.load_state_dict(ckpt["model"])
     model.to(device)
     return _eval_all(
         cfg,
-        opts,
+        log,
         model,
         v.label,
         "trained",
@@ -610,7 +616,7 @@ def _evaluate_trained(cfg, opts, v: TrainedVariant, seed, ckpt, stream, device) 
     )
 
 
-def _evaluate_eval_time(cfg, opts, ev: EvalTimeVariant, seed, ckpt, stream, device) -> list[dict]:
+def _evaluate_eval_time(cfg, log, ev: EvalTimeVariant, seed, ckpt, stream, device) -> list[dict]:
     tricks = ev.tricks
     model = MLMEncoder(
         cfg.model,
@@ -620,7 +626,7 @@ def _evaluate_eval_time(cfg, opts, ev: EvalTimeVariant, seed, ckpt, stream, devi
     model.to(device)
     return _eval_all(
         cfg,
-        opts,
+        log,
         model,
         ev.label,
         "eval-time",
@@ -634,3 +640,78 @@ def _evaluate_eval_time(cfg, opts, ev: EvalTimeVariant, seed, ckpt, stream, devi
         params="",
         note=tricks.describe(),
     )
+
+
+@dataclass
+class EvalTask:
+    """One evaluation of the run (picklable, so a worker process can run it): a trained
+    checkpoint, an eval-time row on a trained O checkpoint, or the count baseline."""
+
+    cfg: ExtrapConfig
+    kind: str  # "trained", "eval-time" or "baseline"
+    variant: TrainedVariant | EvalTimeVariant | None
+    seed: int | None
+    path: Path | None  # the checkpoint
+    device: str
+
+    @classmethod
+    def for_checkpoint(cls, cfg, v, seed, path, eval_rows, device) -> list[EvalTask]:
+        """The trained variant's own evaluation, and on O every eval-time row."""
+        tasks = [cls(cfg, "trained", v, seed, path, device)]
+        if v.label == "O":
+            tasks += [cls(cfg, "eval-time", ev, seed, path, device) for ev in eval_rows]
+        return tasks
+
+    def run(self, stream: EvalStream, train_stream: Tensor, log) -> list[dict[str, Any]]:
+        if self.kind == "baseline":
+            return baseline_rows(self.cfg, train_stream, stream)
+        ckpt = load_checkpoint(self.path)
+        evaluate_one = _evaluate_trained if self.kind == "trained" else _evaluate_eval_time
+        device = torch.device(self.device)
+        return evaluate_one(self.cfg, log, self.variant, self.seed, ckpt, stream, device)
+
+
+def eval_task_count(plan: Plan, eval_rows) -> int:
+    return 1 + sum(1 + (len(eval_rows) if v.label == "O" else 0) for v, *_ in plan.entries)
+
+
+def _log_stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+_WORKER_DATA: dict[str, Any] = {}
+
+
+def _eval_worker_init(stream: EvalStream, train_stream: Tensor, threads: int) -> None:
+    torch.set_num_threads(threads)
+    _WORKER_DATA.update(stream=stream, train=train_stream)
+
+
+def _eval_in_worker(task: EvalTask) -> list[dict[str, Any]]:
+    return task.run(_WORKER_DATA["stream"], _WORKER_DATA["train"], _log_stderr)
+
+
+def evaluate_tasks(tasks, stream, train_stream, layout, log):
+    """Each task's rows, in the order of ``tasks``: here, or with ``layout`` = (processes,
+    threads each) of two or more, in that many worker processes at once (spawned; each gets
+    the evaluation span and the training text once). A failed evaluation raises here."""
+    workers, threads = layout
+    workers = min(workers, len(tasks))
+    if workers < 2:
+        for task in tasks:
+            yield task.run(stream, train_stream, log)
+        return
+    import multiprocessing
+
+    log(f"evaluating {len(tasks)} models, eval-time rows and baselines: {workers} at once, "
+        f"{threads} thread{'s' * (threads > 1)} each")  # fmt: skip
+    ctx = multiprocessing.get_context("spawn")
+    pool = ctx.Pool(workers, _eval_worker_init, (stream, train_stream, threads))
+    try:
+        yield from pool.imap(_eval_in_worker, tasks)
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
