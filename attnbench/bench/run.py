@@ -54,6 +54,7 @@ from attnbench.bench.results import (
     read_results,
     row_key,
 )
+from attnbench.bench.units import Unit
 from attnbench.errors import AttnbenchError
 from attnbench.inputs import make_inputs
 from attnbench.measure import machine
@@ -288,6 +289,9 @@ class _Runner:
         self.stopped: str | None = None  # why the sweep ended early (not Ctrl-C)
         self.previous: dict[tuple[str, ...], str] = {}  # a resumed run's row keys -> status
         self.samples_writer: SamplesWriter | None = None  # per-round samples of every ok row
+        #: A unit's run: only these mechanisms' rows are written (the reference is timed beside
+        #: them for ref_ratio; its own unit writes its rows). None: every row.
+        self.recorded: set[str] | None = None
 
     def resume_from(self, rows: list[dict[str, Any]]) -> None:
         """Take the rows of an earlier, unfinished run of the same suite: their cases are not
@@ -334,7 +338,13 @@ class _Runner:
         row.update(values)
         return row
 
+    def writes(self, case: Case) -> bool:
+        return self.recorded is None or case.mech.name in self.recorded
+
     def _emit(self, case: Case, row: dict[str, Any]) -> None:
+        if not self.writes(case):
+            self.done.add(id(case))
+            return
         self.writer.write(row)
         self.rows.append(row)
         self.done.add(id(case))
@@ -541,7 +551,8 @@ class _Runner:
                 ]
                 row["roofline"] = stats(per_round).median
             self._emit(case, row)
-            self._write_samples(row, m.samples, ref_ratios, anchor_samples)
+            if self.writes(case):
+                self._write_samples(row, m.samples, ref_ratios, anchor_samples)
             limit = self.suite.max_call_s
             n = case.shape.seq_len
             longer = [x for x in self.suite.lengths if x > n]
@@ -590,7 +601,8 @@ class _Runner:
         return False
 
     def not_run(self) -> list[str]:
-        return [c.label() for g in self.groups for c in g.cases if id(c) not in self.done]
+        return [c.label() for g in self.groups for c in g.cases
+                if id(c) not in self.done and self.writes(c)]  # fmt: skip
 
 
 #: Exponent used to predict a path's next call time from its current one (dense attention's n^2;
@@ -613,15 +625,19 @@ def run_speed(
     overwrite: bool = False,
     command: Sequence[str] | None = None,
     resume: bool = False,
+    unit: Unit | None = None,
 ) -> SpeedRun:
     """Run ``suite``, writing ``results.csv`` (rows as produced), ``results.json`` (provenance)
     and ``complexity.csv`` into ``out_dir``. Never raises on a failing case; raises
-    AttnbenchError only for bad input, before anything runs."""
+    AttnbenchError only for bad input, before anything runs. ``unit``: run only that unit of
+    the sweep (:mod:`attnbench.bench.units`), its rows only."""
     reporter = reporter or Silent()
     mechanisms = list(mechanisms if mechanisms is not None else registry.MECHANISMS)
     device = suite.torch_device()
     groups = plan(suite, mechanisms)
     ref = reference_pair(suite, mechanisms)
+    if unit is not None:
+        groups = unit_groups(groups, unit, ref)
     csv_path, side_path = out_dir / CSV_NAME, out_dir / SIDECAR_NAME
     previous = _previous_rows(csv_path) if resume else []
     prepare_out_dir(out_dir, overwrite or resume)
@@ -665,8 +681,11 @@ def run_speed(
     _write_json(side_path, sidecar)
     writer = ResultsWriter(csv_path, append=bool(previous))
     samples_writer = SamplesWriter(out_dir / SAMPLES_NAME, append=bool(previous))
-    total = sum(len(g.cases) for g in groups)
     runner = _Runner(suite, groups, writer, reporter, ref, threads)
+    if unit is not None:
+        runner.recorded = {unit.mechanism}
+        sidecar["unit"] = unit.id
+    total = sum(1 for g in groups for c in g.cases if runner.writes(c))
     runner.samples_writer = samples_writer
     if previous:
         runner.resume_from(previous)
@@ -726,6 +745,22 @@ def run_speed(
         load=load,
         busy=busy,
     )
+
+
+def unit_groups(groups: list[Group], unit: Unit, ref: tuple[str, str] | None) -> list[Group]:
+    """The groups of one unit: its (dtype, head dim, causal flag), its mechanism's cases and
+    the reference's, which is timed in the same rounds (for ref_ratio) but not written."""
+    out = []
+    for g in groups:
+        if (str(g.dtype).removeprefix("torch."), g.head_dim, g.causal) != (
+            unit.dtype, unit.head_dim, unit.causal,
+        ):  # fmt: skip
+            continue
+        cases = tuple(c for c in g.cases if c.mech.name == unit.mechanism
+                      or (ref is not None and (c.mech.name, c.path.name) == ref))  # fmt: skip
+        if any(c.mech.name == unit.mechanism for c in cases):
+            out.append(Group(g.dtype, g.head_dim, g.causal, g.seq_len, cases))
+    return out
 
 
 def _previous_rows(csv_path: FilePath) -> list[dict[str, Any]]:

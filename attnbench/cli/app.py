@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from attnbench import __version__
-from attnbench.cli import check_cmd, compare, export, list_cmd, plot, show
+from attnbench.cli import check_cmd, compare, export, list_cmd, merge_cmd, plot, show
 from attnbench.cli.common import INTERRUPTED, USAGE_ERROR, Group
 from attnbench.cli.run import run_app
 
@@ -44,6 +44,7 @@ app.add_typer(run_app, name="run")
 app.command("plot")(plot.plot_cmd)
 app.command("compare")(compare.compare_cmd)
 app.command("export")(export.export_cmd)
+app.command("merge")(merge_cmd.merge_cmd)
 
 
 # Typer may vendor its own click (typer._click): take click's exception classes from Typer's own

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -329,6 +330,67 @@ def draw_figures(run: SpeedRun) -> list[Path]:
     return figures.paths
 
 
+def print_units(suite, shard: tuple[int, int] | None, fmt: str) -> None:
+    """--list-units: every unit of the sweep, in plan order, with the shard that runs it."""
+    from attnbench.bench.units import in_shard, speed_units
+
+    units = [u for u in speed_units(suite) if in_shard(u.index, shard)]
+    if fmt == "json":
+        typer.echo(json.dumps([
+            {"index": u.index, "id": u.id, "device": u.device, "dtype": u.dtype,
+             "head_dim": u.head_dim, "causal": u.causal, "mechanism": u.mechanism,
+             "cases": len(u.cases)} | ({"shard": u.index % shard[1]} if shard else {})
+            for u in units
+        ], indent=1))  # fmt: skip
+        return
+    for u in units:
+        out.print(f"{u.index:4d} {escape(u.id)} ({len(u.cases)} cases)")
+    out.print(f"{len(units)} units")
+
+
+def run_units(suite, out_dir: Path, executor: str, shard, resume: bool, overwrite: bool,
+              ray_address: str | None) -> SpeedRun | None:  # fmt: skip
+    """A unit-wise run (:mod:`attnbench.bench.sweep`); once every unit of the plan is in
+    ``out_dir``, merged there into the usual results (returned); else None, with the merge
+    command to run when the other shards are done."""
+    from attnbench.bench.merge import merge_runs
+    from attnbench.bench.sweep import run_sweep
+    from attnbench.bench.units import PLAN_NAME
+
+    if ray_address is not None and executor != "ray":
+        raise AttnbenchError("--ray-address needs --executor ray")
+
+    def log(line: str) -> None:
+        typer.echo(line, err=True)
+
+    outcome = run_sweep(suite, out_dir, executor=executor, shard=shard, resume=resume,
+                        overwrite=overwrite, ray_address=ray_address, log=log)  # fmt: skip
+    if outcome.interrupted:
+        err.print(f"[yellow]interrupted:[/yellow] finished units are kept in {out_dir}; "
+                  "run the same command with --resume")  # fmt: skip
+        raise typer.Exit(INTERRUPTED)
+    if not outcome.complete:
+        mine_failed = len(outcome.failed)
+        err.print(
+            f"this shard: {len(outcome.records) - mine_failed} units ok, {mine_failed} failed, "
+            f"{len(outcome.skipped)} done before ({outcome.wall_s:.0f} s). When every shard is "
+            f"done: attnbench merge {out_dir} --out {out_dir} (the folders of all shards, if "
+            f"they differ; {PLAN_NAME} is in each)"
+        )
+        return None
+    if outcome.failed:
+        err.print(f"[yellow]warning:[/yellow] {len(outcome.failed)} units failed twice "
+                  f"({', '.join(outcome.failed[:5])}): their cases are error rows; --resume "
+                  "runs them again")  # fmt: skip
+    return merge_runs([out_dir], out_dir, command=shlex.join(_argv()))
+
+
+def _argv() -> list[str]:
+    from attnbench.bench.run import command_line
+
+    return command_line()
+
+
 def speed(
     suite: Annotated[
         str, typer.Option("--suite", help="Suite name (speed, speed-gpu, ci) or a TOML file.")
@@ -387,6 +449,27 @@ def speed(
             "--format", help="The end-of-run summary on stdout: table, or json (with the files)."
         ),
     ] = "table",
+    executor: Annotated[
+        str | None,
+        typer.Option(
+            help="Run unit by unit, each unit in a worker process: local (one worker here) or "
+            'ray (one Ray task per unit; pip install "attnbench[ray]").'
+        ),
+    ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="I/N: run only units I, I+N, I+2N... (an array job's task); then attnbench merge."
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="--executor ray: the cluster to join (default: start a local Ray)."),
+    ] = None,
+    list_units: Annotated[
+        bool,
+        typer.Option("--list-units", help="Print the sweep's units (with --format json: JSON)."),
+    ] = False,
 ) -> None:
     """Time, throughput, FLOPs, roofline and peak memory of every mechanism and path.
 
@@ -420,11 +503,29 @@ def speed(
         reference=reference,
         params=parse_params(param),
     )
-    if out_dir is None:
-        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        out_dir = Path("runs") / "speed" / f"{chosen.name}-{stamp}"
-    reporter = RichReporter() if sys.stderr.isatty() else PlainReporter()
-    run = run_speed(chosen, out_dir, reporter=reporter, overwrite=overwrite, resume=resume)
+    if list_units or executor is not None or shard is not None:
+        from attnbench.bench.units import parse_shard
+
+        parsed_shard = parse_shard(shard) if shard is not None else None
+        if list_units:
+            print_units(chosen, parsed_shard, summary_format)
+            return
+        if out_dir is None:
+            raise AttnbenchError(
+                "--shard / --executor: give --out (the folder every shard writes its units to)"
+            )
+        run = run_units(chosen, out_dir, executor or "local", parsed_shard, resume, overwrite,
+                        ray_address)  # fmt: skip
+        if run is None:  # a shard: the others' units are not here yet
+            return
+    else:
+        if ray_address is not None:
+            raise AttnbenchError("--ray-address needs --executor ray")
+        if out_dir is None:
+            stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+            out_dir = Path("runs") / "speed" / f"{chosen.name}-{stamp}"
+        reporter = RichReporter() if sys.stderr.isatty() else PlainReporter()
+        run = run_speed(chosen, out_dir, reporter=reporter, overwrite=overwrite, resume=resume)
     figures = draw_figures(run) if plot else []
     if summary_format == "json":
         typer.echo(summary_json(run, figures))

@@ -1,0 +1,409 @@
+"""Running a speed sweep unit by unit (:mod:`attnbench.bench.units`), on this machine or on Ray.
+
+Each unit runs in a worker process, never in the process that drives the sweep: a unit that
+crashes (a segfault, a sticky CUDA error, an ``exit``) fails only itself. A failed unit is retried
+once in a fresh process; if it fails again its record says how (status ``failed``, the exit code
+or the error) and ``attnbench merge`` turns its cases into ``error`` rows naming it.
+
+Executors:
+
+- ``local``: one worker process on this machine, units one after another (what ``--shard I/N``
+  uses on each node of a batch scheduler's array job).
+- ``ray``: one Ray task per unit (``num_gpus=1`` on a GPU, so two timings never share a GPU; the
+  unit's threads as ``num_cpus`` on a CPU). Each task runs in a scratch folder of its node and
+  returns its files to this process, so the nodes need no shared file system.
+
+Fault injection, for the tests of all this: ``ATTNBENCH_FAULT=crash:UNIT_ID`` makes the process
+running that unit die (exit code 70) on every attempt, ``crash-once:UNIT_ID`` on its first only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from attnbench.bench.units import (
+    RECORD_NAME,
+    UNITS_DIR,
+    Unit,
+    in_shard,
+    is_done,
+    now,
+    plan_document,
+    publish,
+    read_record,
+    record,
+    speed_units,
+    staging_dir,
+    unit_dir,
+    write_json_atomic,
+    write_plan,
+)
+from attnbench.errors import AttnbenchError
+
+EXECUTORS = ("local", "ray")
+FAULT_ENV = "ATTNBENCH_FAULT"
+FAULT_EXIT = 70
+RAY_INSTALL = 'pip install "attnbench[ray]"'
+
+
+@dataclass
+class SweepOutcome:
+    """What a unit-wise run did in this process."""
+
+    out: Path
+    units: list[Unit]  # the whole plan
+    mine: list[Unit]  # this shard's
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> record, run now
+    skipped: list[str] = field(default_factory=list)  # ids already done (--resume)
+    interrupted: bool = False
+    wall_s: float = 0.0
+    startup_s: float = 0.0  # the executor's start (Ray: ray.init)
+
+    @property
+    def failed(self) -> list[str]:
+        return [i for i, r in self.records.items() if r["status"] != "ok"]
+
+    @property
+    def complete(self) -> bool:
+        """Every unit of the plan has ended in ``out``, done or failed twice (nothing is left
+        for another shard)."""
+        return all(read_record(unit_dir(self.out, u)) is not None for u in self.units)
+
+
+# --------------------------------------------------------------------------------------------
+# The worker side: one unit, in whatever process runs it
+# --------------------------------------------------------------------------------------------
+
+
+def _inject_fault(unit: Unit, attempt: int) -> None:
+    kind, _, target = os.environ.get(FAULT_ENV, "").partition(":")
+    if target == unit.id and (kind == "crash" or (kind == "crash-once" and attempt == 1)):
+        os._exit(FAULT_EXIT)  # as a crash looks from outside: no cleanup, no record
+
+
+def run_unit(suite, index: int, out: Path, attempt: int, mechanisms=None) -> dict[str, Any]:
+    """Run unit ``index`` of ``suite`` into a staging folder under ``out``, then move it to
+    ``out/units/<id>`` if it completed; returns its record. An interrupted or stopped unit
+    (sticky CUDA error) is not published: its record says ``failed``."""
+    import torch
+
+    from attnbench.bench.run import run_speed
+
+    unit = speed_units(suite, mechanisms)[index]
+    _inject_fault(unit, attempt)
+    staging = staging_dir(out, unit)
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    started = now()
+    command = ["attnbench", "run", "speed", "--unit", unit.id]
+    run = run_speed(suite, staging, mechanisms=mechanisms, unit=unit, command=command)
+    reason = run.stopped or ("interrupted (Ctrl-C)" if run.interrupted else "")
+    rec = record(
+        unit,
+        "failed" if reason else "ok",
+        exit_code=0,
+        attempts=attempt,
+        reason=reason,
+        started=started,
+        rows=len(run.rows),
+        extra={
+            "device_name": run.rows[0]["device_name"] if run.rows else None,
+            "torch_version": torch.__version__,
+            "wall_s": round(run.wall_s, 2),
+            "restart": bool(run.stopped),  # the CUDA context is broken: a fresh process
+        },
+    )
+    write_json_atomic(staging / RECORD_NAME, rec)
+    if rec["status"] == "ok":
+        publish(staging, unit_dir(out, unit))
+    else:
+        shutil.rmtree(staging, ignore_errors=True)
+    return rec
+
+
+def _worker_main(conn, suite, out: Path) -> None:
+    """A local worker process: run the units it is sent until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides what Ctrl-C stops
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        index, attempt = msg
+        try:
+            rec = run_unit(suite, index, out, attempt)
+        except Exception as e:  # a bug or bad state: the unit fails, the sweep goes on
+            from attnbench.bench.run import one_line
+
+            rec = {"status": "failed", "reason": one_line(e), "exit_code": 1, "restart": True}
+        conn.send(rec)
+
+
+class WorkerDied(Exception):
+    def __init__(self, exit_code: int | None):
+        super().__init__(exit_code)
+        self.exit_code = exit_code
+
+
+class LocalWorker:
+    """One spawned worker process that runs units sent to it; its death is noticed."""
+
+    def __init__(self, suite, out: Path):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, suite, out), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def run(self, index: int, attempt: int) -> dict[str, Any]:
+        self.conn.send((index, attempt))
+        while True:
+            if self.conn.poll(0.2):
+                try:
+                    return self.conn.recv()
+                except EOFError:
+                    pass
+            if not self.proc.is_alive():
+                self.proc.join()
+                raise WorkerDied(self.proc.exitcode)
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc.is_alive() and not kill:
+            with contextlib.suppress(OSError):
+                self.conn.send(None)
+            self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join()
+
+
+def died_reason(exit_code: int | None) -> str:
+    if exit_code is not None and exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:
+            name = f"signal {-exit_code}"
+        return f"the process running it was killed by {name}"
+    return f"the process running it exited with code {exit_code}"
+
+
+def _failed_record(unit: Unit, attempts: int, exit_code: int | None, reason: str) -> dict:
+    return record(unit, "failed", exit_code=-1 if exit_code is None else exit_code,
+                  attempts=attempts, reason=reason)  # fmt: skip
+
+
+def _keep_failure(out: Path, unit: Unit, rec: dict[str, Any]) -> None:
+    """A unit that failed twice leaves a folder holding only its record (no rows)."""
+    staging = staging_dir(out, unit)
+    staging.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(staging / RECORD_NAME, rec)
+    publish(staging, unit_dir(out, unit))
+
+
+# --------------------------------------------------------------------------------------------
+# The driver
+# --------------------------------------------------------------------------------------------
+
+
+def plan_sweep(suite, out: Path, shard, resume: bool, overwrite: bool, mechanisms=None):
+    """The plan (written to, or checked against, ``out/plan.json``), this shard's units, and
+    which of them are to run."""
+    from attnbench import registry
+
+    units = speed_units(suite, mechanisms)
+    if not units:
+        raise AttnbenchError("nothing to run: the suite and options select no case")
+    names = [m.name for m in (mechanisms if mechanisms is not None else registry.MECHANISMS)]
+    out.mkdir(parents=True, exist_ok=True)
+    write_plan(out, plan_document(suite, units, names))
+    mine = [u for u in units if in_shard(u.index, shard)]
+    done = [u for u in mine if unit_dir(out, u).exists()]
+    if done and not (resume or overwrite):
+        raise AttnbenchError(
+            f"--out {out} already holds {len(done)} of these units ({done[0].id}, ...); pass "
+            "--resume to run only the missing ones, or --overwrite to run them all again"
+        )
+    todo = [u for u in mine if overwrite or not is_done(out, u)]
+    return units, mine, todo
+
+
+def run_sweep(
+    suite,
+    out: Path,
+    *,
+    executor: str = "local",
+    shard: tuple[int, int] | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    ray_address: str | None = None,
+    log: Callable[[str], None] = print,
+) -> SweepOutcome:
+    """Run this shard's units of ``suite`` into ``out`` with ``executor``."""
+    if executor not in EXECUTORS:
+        raise AttnbenchError(f"--executor {executor!r}: accepted: {', '.join(EXECUTORS)}")
+    if executor == "ray":
+        ray = require_ray()
+    units, mine, todo = plan_sweep(suite, out, shard, resume, overwrite)
+    outcome = SweepOutcome(out, units, mine)
+    outcome.skipped = [u.id for u in mine if u not in todo]
+    where = f"shard {shard[0]}/{shard[1]}: " if shard else ""
+    log(f"{where}{len(todo)} of {len(units)} units to run ({len(outcome.skipped)} done already)"
+        f" with the {executor} executor, into {out / UNITS_DIR}")  # fmt: skip
+    started = time.perf_counter()
+    try:
+        if executor == "ray":
+            _run_on_ray(ray, suite, out, todo, outcome, ray_address, log)
+        else:
+            _run_locally(suite, out, todo, outcome, log)
+    except KeyboardInterrupt:
+        outcome.interrupted = True
+    outcome.wall_s = time.perf_counter() - started
+    return outcome
+
+
+def _progress(outcome: SweepOutcome, total: int, running: int, unit: Unit, rec: dict) -> str:
+    done = sum(1 for r in outcome.records.values() if r["status"] == "ok")
+    failed = len(outcome.failed)
+    how = "ok" if rec["status"] == "ok" else f"FAILED: {rec.get('reason', '')}"
+    extra = f", {rec['wall_s']:.0f} s" if rec.get("wall_s") is not None else ""
+    return (f"[{done} done, {running} running, {failed} failed of {total}] {unit.id}: "
+            f"{how}{extra}")  # fmt: skip
+
+
+def _run_locally(suite, out: Path, todo: Sequence[Unit], outcome: SweepOutcome, log) -> None:
+    worker = None
+    try:
+        for n, unit in enumerate(todo):
+            rec: dict[str, Any] = {}
+            for attempt in (1, 2):
+                worker = worker or LocalWorker(suite, out)
+                try:
+                    rec = worker.run(unit.index, attempt)
+                except WorkerDied as e:
+                    worker = None
+                    rec = _failed_record(unit, attempt, e.exit_code, died_reason(e.exit_code))
+                if rec["status"] == "ok":
+                    break
+                if worker is not None:  # a fresh process for the retry, and after a failure
+                    worker.stop(kill=True)
+                    worker = None
+                if attempt == 1:
+                    log(f"{unit.id}: {rec.get('reason')}; retrying once in a fresh process")
+            if rec["status"] != "ok":
+                rec = _failed_record(unit, 2, rec.get("exit_code"), rec.get("reason", ""))
+                _keep_failure(out, unit, rec)
+            outcome.records[unit.id] = rec
+            log(_progress(outcome, len(todo), 0 if n + 1 == len(todo) else 1, unit, rec))
+    finally:
+        if worker is not None:
+            worker.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# Ray
+# --------------------------------------------------------------------------------------------
+
+
+def require_ray():
+    try:
+        import ray
+    except ImportError:
+        raise AttnbenchError(f"--executor ray: Ray is not installed; install it with {RAY_INSTALL}"
+                             ) from None  # fmt: skip
+    return ray
+
+
+def _ray_unit(suite, index: int, attempt: int) -> tuple[dict[str, Any], dict[str, str]]:
+    """A Ray task: run the unit in a scratch folder of this node; return its record and files
+    (so the driver's node writes them, and no shared file system is needed)."""
+    scratch = Path(tempfile.mkdtemp(prefix="attnbench-unit-"))
+    try:
+        rec = run_unit(suite, index, scratch, attempt)
+        files = {}
+        if rec["status"] == "ok":
+            folder = scratch / UNITS_DIR / rec["unit"]
+            files = {p.name: p.read_text(encoding="utf-8") for p in folder.iterdir() if p.is_file()}
+        return rec, files
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def start_ray(ray, address: str | None) -> None:
+    """Join the cluster at ``address``, or start a local Ray instance. Ray starts its workers
+    at niceness 15: on a machine where anything else runs, a timing or a training would get
+    the leftovers of the CPU (measured here: a matmul 25x slower beside two busy processes). A
+    local instance started here runs them at the priority of this process; a cluster decides
+    for its nodes (start them with RAY_worker_niceness=0)."""
+    if not address:
+        os.environ.setdefault("RAY_worker_niceness", "0")
+    ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)  # fmt: skip
+
+
+def _ray_resources(suite) -> dict[str, float]:
+    if suite.torch_device().type == "cuda":
+        return {"num_gpus": 1, "num_cpus": 1}
+    return {"num_cpus": suite.thread_count(), "num_gpus": 0}
+
+
+def _run_on_ray(ray, suite, out: Path, todo, outcome: SweepOutcome, address, log) -> None:
+    t0 = time.perf_counter()
+    started_here = not ray.is_initialized()
+    if started_here:
+        start_ray(ray, address)
+    outcome.startup_s = time.perf_counter() - t0
+    log(f"ray: {'connected to ' + address if address else 'a local Ray instance started'} in "
+        f"{outcome.startup_s:.1f} s; cluster resources {ray.cluster_resources()}")  # fmt: skip
+    resources = _ray_resources(suite)
+    first = ray.remote(max_retries=0, **resources)(_ray_unit)
+    # a retry always starts a fresh worker process (max_calls=1: the process ends after it)
+    again = ray.remote(max_retries=0, max_calls=1, **resources)(_ray_unit)
+    by_ref = {first.remote(suite, u.index, 1): (u, 1) for u in todo}
+    try:
+        while by_ref:
+            ready, _ = ray.wait(list(by_ref), num_returns=1)
+            unit, attempt = by_ref.pop(ready[0])
+            try:
+                rec, files = ray.get(ready[0])
+            except Exception as e:  # the worker died (WorkerCrashedError) or raised
+                rec, files = _failed_record(unit, attempt, None, _ray_error(e)), {}
+            if rec["status"] != "ok" and attempt == 1:
+                log(f"{unit.id}: {rec.get('reason')}; retrying once in a fresh process")
+                by_ref[again.remote(suite, unit.index, 2)] = (unit, 2)
+                continue
+            if rec["status"] == "ok":
+                staging = staging_dir(out, unit)
+                staging.mkdir(parents=True, exist_ok=True)
+                for name, text in files.items():
+                    (staging / name).write_text(text, encoding="utf-8")
+                publish(staging, unit_dir(out, unit))
+            else:
+                _keep_failure(out, unit, rec)
+            outcome.records[unit.id] = rec
+            log(_progress(outcome, len(todo), len(by_ref), unit, rec))
+    except KeyboardInterrupt:
+        for ref in by_ref:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _ray_error(e: BaseException) -> str:
+    from attnbench.bench.run import one_line
+
+    name = type(e).__name__
+    if "WorkerCrashed" in name or "ActorDied" in name or "NodeDied" in name:
+        return f"the process running it died ({name})"
+    return one_line(e)
