@@ -72,6 +72,13 @@ def extrapolate(
     eval_only: Annotated[
         bool, typer.Option(help="Only re-evaluate finished checkpoints (no training).")
     ] = False,
+    train_only: Annotated[
+        bool,
+        typer.Option(
+            help="Train (or with --resume continue) the checkpoints and stop; evaluate later "
+            "with --eval-only. The one mode torchrun may start (data-parallel training)."
+        ),
+    ] = False,
     overwrite: Annotated[bool, typer.Option(help="Retrain even if checkpoints exist.")] = False,
     d_model: Annotated[int | None, typer.Option(help="Model width.")] = None,
     layers: Annotated[int | None, typer.Option(help="Blocks.")] = None,
@@ -116,7 +123,9 @@ def extrapolate(
 
     Writes extrapolate.csv, extrapolate.json, table.md and accuracy_vs_length.png to --out.
 
-    Checkpoints per (variant, seed): --resume, --eval-only; Ctrl-C saves one.
+    Checkpoints per (variant, seed): --resume, --eval-only, --train-only; Ctrl-C saves one.
+
+    Several GPUs: torchrun --nproc_per_node G -m attnbench run extrapolate --train-only ...
 
     Example: [bold]attnbench run extrapolate --seeds 3 --impl local --out results/x[/bold]
     """
@@ -162,6 +171,7 @@ def extrapolate(
         checkpoints=checkpoints,
         resume=resume,
         eval_only=eval_only,
+        train_only=train_only,
         overwrite=overwrite,
         impls=list(impl or []),
         impl_params=parse_params(param),
@@ -177,6 +187,8 @@ def extrapolate(
             err=True,
         )
         raise typer.Exit(INTERRUPTED) from None
+    if train_only:  # no table: the run's last line said where the checkpoints are
+        return
     out.print(result.table, markup=False, highlight=False)
     err.print(f"wrote {result.out}", markup=False, highlight=False)
 

@@ -2,7 +2,9 @@
 
 For every seed and every trained variant: build the encoder (:mod:`.model`), train it at L
 (:mod:`.train`, checkpointed), evaluate masked-token accuracy at every evaluation length on the
-same held-out span with the same masks (:mod:`.evaluate`).
+same held-out span with the same masks (:mod:`.evaluate`). ``--train-only`` stops after the
+training (evaluate later with ``--eval-only``); it is the one mode torchrun may start, each
+training then data-parallel over its processes (:mod:`.distributed`).
 The trained O model is also evaluated with each evaluation-time trick
 (:mod:`.tricks`) loaded into the same weights. Results: one tidy CSV row per
 (variant, seed, length), a JSON sidecar, a Markdown table (mean ± std over seeds, Su 2021's
@@ -16,9 +18,12 @@ at every layer; several seeds; the chunk-L floor as a row.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime as dt
 import json
 import random
+import shlex
 import sys
 import time
 from collections.abc import Callable
@@ -31,7 +36,7 @@ from torch import Tensor
 
 from attnbench.data import load_corpus
 from attnbench.errors import AttnbenchError
-from attnbench.extrapolation import baseline, curves, report
+from attnbench.extrapolation import baseline, curves, distributed, report
 from attnbench.extrapolation.config import (
     EvalTimeVariant,
     ExtrapConfig,
@@ -76,6 +81,9 @@ class RunOptions:
     checkpoints: Path | None = None  # default: out / "checkpoints"
     resume: bool = False
     eval_only: bool = False
+    #: Train (or resume) every planned checkpoint and stop: no evaluation, no table. The one
+    #: mode torchrun may start (evaluate afterwards, in one process, with eval_only).
+    train_only: bool = False
     overwrite: bool = False
     impls: list[str] = field(default_factory=list)
     impl_params: dict[str, str] = field(default_factory=dict)
@@ -92,6 +100,21 @@ class RunOptions:
     @property
     def ckpt_dir(self) -> Path:
         return self.checkpoints or self.out / "checkpoints"
+
+    def check(self) -> None:
+        """Refuse modes that exclude each other, before any work."""
+        if self.train_only and self.eval_only:
+            raise AttnbenchError(
+                "--train-only and --eval-only exclude each other; train with --train-only, "
+                "then evaluate with --eval-only"
+            )
+        world = distributed.torchrun_world_size()
+        if world > 1 and not self.train_only:
+            raise AttnbenchError(
+                f"under torchrun ({world} processes) run extrapolate only trains: add "
+                "--train-only, then evaluate the checkpoints in a single process (no torchrun) "
+                "with --eval-only"
+            )
 
 
 @dataclass
@@ -117,8 +140,13 @@ def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus
     }
 
 
-def _threads(cfg: ExtrapConfig) -> int:
-    return cfg.run.threads or machine.usable_cores()
+def _threads(cfg: ExtrapConfig, local_processes: int = 1) -> int:
+    """Torch threads of one process; ``local_processes`` torchrun processes share the cores."""
+    return cfg.run.threads or max(1, machine.usable_cores() // local_processes)
+
+
+def _quiet(msg: str) -> None:
+    """The log of torchrun's ranks other than 0 (rank 0 says it all once)."""
 
 
 class Plan:
@@ -166,8 +194,15 @@ class Plan:
 
 
 def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
-    """Train (or resume, or load) every variant and seed, evaluate, write the outputs."""
+    """Train (or resume, or load) every variant and seed, evaluate, write the outputs (with
+    ``opts.train_only``: train and stop, data-parallel when torchrun started this process)."""
     cfg.check()
+    opts.check()
+    world = distributed.torchrun_world_size()
+    if world > 1:
+        distributed.shares(cfg.train.batch, world)  # a batch too small to split: refused now
+        if not distributed.torchrun_is_main():
+            opts = dataclasses.replace(opts, log=_quiet, progress=NoProgress)
     if opts.tensorboard is not None:
         curves.require_tensorboard()
     ensure_dir(opts.out, "--out folder", create=False)  # a mistake shows before any work
@@ -215,14 +250,23 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     plan = Plan(cfg, variants, seeds, corpus.sha256, opts)
 
     ensure_dir(opts.out, "--out folder")
-    if too_many := machine.oversubscribed(_threads(cfg)):
+    dist = distributed.start(device) if world > 1 else None  # waits for every rank
+    local_processes = 1
+    if dist is not None:
+        device, local_processes = dist.device, dist.local_world_size
+        opts.log(f"data-parallel training over {dist.world_size} torchrun processes on {device}")
+    threads = _threads(cfg, local_processes)
+    if too_many := machine.oversubscribed(threads * local_processes):
         opts.log(f"warning: {too_many}")
     old_threads = torch.get_num_threads()
-    torch.set_num_threads(_threads(cfg))
+    torch.set_num_threads(threads)
     rows: list[dict[str, Any]] = []
     curves_csv: Path | None = None
     trainings: list[dict[str, Any]] = []
     try:
+        if opts.train_only:
+            _train_only(cfg, opts, plan, train_stream, device, dist)
+            return RunResult([], opts.out, "", notes)
         if not opts.eval_only:
             plan.reload(train_in_parallel(cfg, opts, plan, train_stream, device))
         tasks: list[EvalTask] = []
@@ -244,6 +288,8 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
             report.write_csv(rows, opts.out / CSV_NAME)
     finally:
         torch.set_num_threads(old_threads)
+        if dist is not None:
+            dist.shutdown()
     report.write_pieces(rows, PIECES, opts.out / PIECES_NAME)
 
     lengths = list(cfg.eval.lengths)
@@ -352,12 +398,41 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
     )
 
 
-def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device):
-    """Train (from scratch or from ``ckpt``) unless ``ckpt`` is finished; returns the finished
-    checkpoint and a summary for the sidecar."""
+def _train_only(cfg, opts, plan, train_stream, device, dist) -> None:
+    """``--train-only``: every planned training to its end (worker processes on a CPU as
+    usual, data-parallel under torchrun), the curves, then where the checkpoints are."""
+    if dist is None:
+        plan.reload(train_in_parallel(cfg, opts, plan, train_stream, device))
+    for v, seed, path, key, ckpt in plan.entries:
+        ckpt, _ = _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dist)
+        if dist is None or dist.is_main:
+            _gather_curves(plan, opts)
+        opts.log(
+            f"{v.label} seed {seed}: checkpoint {path} ({ckpt['step']} steps, final loss "
+            f"{ckpt['final_loss']:.4f})"
+        )
+    count = len(plan.entries)
+    opts.log(
+        f"trained {count} checkpoint{'s' * (count > 1)} in {opts.ckpt_dir}; evaluate them later "
+        f"in a single process with the same options and --eval-only: {_eval_command(opts.argv)}"
+    )
+
+
+def _eval_command(argv: list[str]) -> str:
+    """The command that evaluates what a --train-only command trained: the same options with
+    --eval-only (which excludes --resume and --overwrite), in one process."""
+    dropped = {"--train-only", "--resume", "--overwrite"}
+    return shlex.join(["attnbench", *(a for a in argv[1:] if a not in dropped), "--eval-only"])
+
+
+def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dist=None):
+    """Train (from scratch or from ``ckpt``; data-parallel with ``dist``) unless ``ckpt`` is
+    finished; returns the finished checkpoint and a summary for the sidecar."""
     if ckpt is not None and ckpt["done"]:
-        opts.log(f"{v.label} seed {seed}: trained ({ckpt['step']} steps), loading {path}")
-        _curve_from_history(cfg, v, seed, path, ckpt)
+        if not opts.train_only:
+            opts.log(f"{v.label} seed {seed}: trained ({ckpt['step']} steps), loading {path}")
+        if dist is None or dist.is_main:
+            _curve_from_history(cfg, v, seed, path, ckpt)
     else:
         if opts.eval_only:  # Plan rules this out; kept as a guard
             raise AttnbenchError(f"{path} is not finished")
@@ -369,8 +444,8 @@ def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device):
 
         job = TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
                        opts.log_every, opts.tensorboard)  # fmt: skip
-        opts.log(job.run(train_stream, opts.progress(), hook))
-        ckpt = load_checkpoint(path)
+        opts.log(job.run(train_stream, opts.progress(), hook, dist))
+        ckpt = load_checkpoint(path)  # under torchrun, rank 0 wrote it before train returned
     steps = max(1, ckpt["step"])
     info = {
         "variant": v.label,
@@ -399,16 +474,20 @@ class TrainJob:
     log_every: int
     tensorboard: Path | None
 
-    def run(self, train_stream: Tensor, progress: TrainProgress, on_step=None) -> str:
-        """Train to the end, checkpoints as it goes; returns the one-line summary."""
+    def run(self, train_stream: Tensor, progress: TrainProgress, on_step=None, dist=None) -> str:
+        """Train to the end, checkpoints as it goes; returns the one-line summary. ``dist``: a
+        :class:`~.distributed.DataParallel` to train over torchrun's processes."""
         v, seed, cfg = self.variant, self.seed, self.cfg
-        torch.manual_seed(seed)
+        torch.manual_seed(seed)  # the same seed on every rank: the same initial weights
         random.seed(seed)
-        model = build_model(cfg.model, v.spec).to(self.device)
+        device = dist.device if dist is not None else self.device
+        model = build_model(cfg.model, v.spec).to(device)
         history = curves.history_points(self.resume["history"], cfg.train) if self.resume else []
-        curve = curves.CurveLog(curves.curve_path(self.path), v.label, seed, history,
-                                self.tensorboard)  # fmt: skip
-        with curve:
+        curve = None
+        if dist is None or dist.is_main:  # under torchrun, rank 0 alone writes the curve
+            curve = curves.CurveLog(curves.curve_path(self.path), v.label, seed, history,
+                                    self.tensorboard)  # fmt: skip
+        with curve if curve is not None else contextlib.nullcontext():
             outcome = train(
                 model,
                 train_stream,
@@ -422,8 +501,9 @@ class TrainJob:
                 progress=progress,
                 title=f"{v.label} seed {seed}",
                 on_step=on_step,
-                on_log=curve.log,
+                on_log=curve.log if curve is not None else None,
                 log_every=self.log_every,
+                dist=dist,
             )
         return (
             f"{v.label} seed {seed}: trained {outcome.steps} steps in {outcome.train_time_s:.0f}s"

@@ -12,6 +12,12 @@ generators), so ``--resume`` ends with the same numbers as an uninterrupted run.
 finishes the current step, writes a checkpoint and raises :class:`Interrupted`; a checkpoint is also
 written every ``ckpt_every`` steps (what survives a SIGKILL). Files are written atomically.
 
+Under torchrun (:mod:`attnbench.extrapolation.distributed`) every process draws the same full
+batch and trains on its own contiguous share of the windows: its loss is the summed cross-entropy
+of its masked tokens over the whole batch's masked-token count, and the gradients are summed over
+the processes, so each holds the single-process gradient (up to float reassociation) and takes the
+same optimiser step. Rank 0 alone writes the checkpoints.
+
 Every ``log_every`` steps (default HISTORY_EVERY) and at the last step, a :class:`CurvePoint`
 (step, loss, learning rate, tokens per second, training time) is added to the checkpoint's
 ``history`` and handed to ``on_log``: the one record behind the training curves
@@ -31,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +46,9 @@ from torch import Tensor, nn
 from attnbench.errors import AttnbenchError
 from attnbench.extrapolation.model import MASK_ID
 from attnbench.extrapolation.progress import NoProgress, TrainProgress
+
+if TYPE_CHECKING:
+    from attnbench.extrapolation.distributed import DataParallel
 
 CHECKPOINT_FORMAT = 1
 #: Steps between the points kept in a checkpoint's history (and logged to the training curves).
@@ -131,6 +140,25 @@ def masked_loss(model: nn.Module, inputs: Tensor, targets: Tensor, mask: Tensor)
     """Mean cross-entropy over the masked positions; the classifier only sees those."""
     hidden = model(inputs)  # (B, L, C)
     return F.cross_entropy(model.logits(hidden[mask]), targets)  # logits (N, 256)
+
+
+def share_loss(
+    model: nn.Module, batch: tuple[Tensor, Tensor, Tensor], share: slice, device: torch.device
+) -> Tensor:
+    """One rank's part of the batch's :func:`masked_loss`: the summed cross-entropy of the masked
+    tokens in its windows ``share``, over the masked-token count of the WHOLE batch (known to
+    every rank, since every rank draws the whole batch). Summed over the ranks, these losses and
+    their gradients are the whole batch's mean, whatever the split."""
+    inputs, targets, mask = batch  # (B, L), (N,), (B, L) on the CPU
+    total = targets.numel()  # N: the whole batch's masked tokens
+    first = int(mask[: share.start].sum())  # targets are the masked tokens in row-major order
+    count = int(mask[share].sum())
+    inputs = inputs[share].to(device, non_blocking=True)  # (b, L)
+    mask = mask[share].to(device, non_blocking=True)  # (b, L)
+    targets = targets[first : first + count].to(device, non_blocking=True)  # (n,)
+    hidden = model(inputs)  # (b, L, C)
+    logits = model.logits(hidden[mask])  # (n, 256)
+    return F.cross_entropy(logits, targets, reduction="sum") / total
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -270,6 +298,7 @@ def train(
     on_step: Callable[[int], None] | None = None,
     on_log: Callable[[CurvePoint], None] | None = None,
     log_every: int = HISTORY_EVERY,
+    dist: DataParallel | None = None,
 ) -> TrainOutcome:
     """Train ``model`` in place (its weights already initialised from ``seed``, on the device
     it is on; batches are drawn on the CPU, so the data order is the same on every device).
@@ -277,12 +306,15 @@ def train(
     ``resume``: a loaded checkpoint of the same key to continue from. ``on_step(step)`` is called
     after every completed step (tests use it to deliver a signal mid-run). ``on_log(point)`` is
     called with every point added to the history (every ``log_every`` steps and the last one).
+    ``dist``: train data-parallel over torchrun's processes (see the module docstring); only its
+    rank 0 writes ``path``, and every rank returns once the file is there.
     """
     if log_every < 1:
         raise AttnbenchError(f"invalid log_every={log_every}; accepted: >= 1")
     cfg.check()
     progress = progress or NoProgress()
     sampler = BatchSampler(stream, train_len, cfg.batch, cfg.mask_prob, seed)
+    share = dist.share(cfg.batch) if dist is not None else None  # this rank's windows
     device = next(model.parameters()).device
     opt = make_optimizer(model, cfg)
     start, elapsed, history = 0, 0.0, []
@@ -295,6 +327,8 @@ def train(
         start, elapsed, history = resume["step"], resume["train_time_s"], list(resume["history"])
 
     def save(step: int, done: bool, loss: float) -> None:
+        if dist is not None and not dist.is_main:
+            return
         atomic_save(
             {
                 "format": CHECKPOINT_FORMAT,
@@ -328,15 +362,23 @@ def train(
             while step < cfg.steps:
                 for group in opt.param_groups:
                     group["lr"] = lr_at(step, cfg)
-                batch = [t.to(device, non_blocking=True) for t in sampler.next()]
-                loss = masked_loss(model, *batch)
+                if dist is None:
+                    batch = [t.to(device, non_blocking=True) for t in sampler.next()]
+                    loss = masked_loss(model, *batch)
+                else:  # every rank draws the whole batch: the sampler stays in step everywhere
+                    loss = share_loss(model, sampler.next(), share, device)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
+                if dist is not None:
+                    dist.all_reduce_gradients(model)  # now the whole batch's gradient
                 if cfg.grad_clip > 0:
                     nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
                 opt.step()
                 step += 1
-                loss_value = loss.item()
+                if dist is None:
+                    loss_value = loss.item()
+                else:
+                    loss_value = dist.all_reduce_sum(loss.detach().clone()).item()
                 smooth = loss_value if smooth is None else 0.98 * smooth + 0.02 * loss_value
                 run_s = time.perf_counter() - t0
                 if step % log_every == 0 or step == cfg.steps:
@@ -354,12 +396,14 @@ def train(
                     on_step(step)
                 if step == cfg.steps:
                     break
-                if stop.set:
+                if stop.set if dist is None else dist.any(stop.set):
                     save(step, False, loss_value)
+                    _wait_for_main(dist)
                     raise Interrupted(path, step, cfg.steps)
                 if ckpt_every and step % ckpt_every == 0:
                     save(step, False, loss_value)
             save(step, True, loss_value)
+            _wait_for_main(dist)
     finally:
         progress.stop()
     run_s = time.perf_counter() - t0
@@ -370,6 +414,13 @@ def train(
         tokens_per_s=(step - start) * tokens_per_step / max(run_s, 1e-9),
         resumed_from=start,
     )
+
+
+def _wait_for_main(dist: DataParallel | None) -> None:
+    """Under torchrun, every rank waits until rank 0 has written the checkpoint (they read it
+    next)."""
+    if dist is not None:
+        dist.barrier()
 
 
 def _python_state(state: Any) -> tuple:
