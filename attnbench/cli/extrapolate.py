@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Annotated
 
@@ -116,6 +117,28 @@ def extrapolate(
             "pip install tensorboard; curves.csv is written either way)."
         ),
     ] = None,
+    executor: Annotated[
+        str,
+        typer.Option(
+            help="Where the trainings run: local (worker processes here) or ray (a Ray task "
+            'each; pip install "attnbench[ray]").'
+        ),
+    ] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="--executor ray: the cluster to join (default: start a local Ray)."),
+    ] = None,
+    shard: Annotated[
+        str | None,
+        typer.Option(
+            help="I/N: train only trainings I, I+N, ... (an array job's task; implies "
+            "--train-only); then --eval-only evaluates them all."
+        ),
+    ] = None,
+    list_units: Annotated[
+        bool,
+        typer.Option("--list-units", help="Print the run's units as JSON (trainings, evaluation)."),
+    ] = False,
 ) -> None:
     """Train a byte-level MLM encoder at one length and measure accuracy at longer ones.
 
@@ -166,6 +189,10 @@ def extrapolate(
     cfg = cfg.override(values)
     if sum((resume, eval_only, overwrite)) > 1:
         raise fail("--resume, --eval-only and --overwrite exclude each other")
+    from attnbench.bench.units import parse_shard
+
+    parsed_shard = parse_shard(shard) if shard is not None else None
+    train_only = train_only or parsed_shard is not None
     opts = RunOptions(
         out=out_dir or Path("runs") / "extrapolate" / cfg.preset,
         checkpoints=checkpoints,
@@ -178,7 +205,15 @@ def extrapolate(
         log=lambda msg: err.print(msg, markup=False, highlight=False),
         progress=default_progress,
         tensorboard=tensorboard,
+        executor=executor,
+        ray_address=ray_address,
+        shard=parsed_shard,
     )
+    if list_units:
+        from attnbench.extrapolation.run import list_units as units_of
+
+        typer.echo(json.dumps(units_of(cfg, opts), indent=1))
+        return
     try:
         result = run_extrapolate(cfg, opts)
     except Interrupted as e:

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from attnbench.data import load_corpus
 from attnbench.errors import AttnbenchError
-from attnbench.extrapolation import baseline, curves, distributed, report
+from attnbench.extrapolation import baseline, curves, distributed, report, units
 from attnbench.extrapolation.config import (
     EvalTimeVariant,
     ExtrapConfig,
@@ -96,6 +96,11 @@ class RunOptions:
     log_every: int = HISTORY_EVERY
     #: A TensorBoard log folder for the training curves (needs the tensorboard package).
     tensorboard: Path | None = None
+    #: Where the trainings run: "local" (worker processes here) or "ray" (a Ray task each).
+    executor: str = "local"
+    ray_address: str | None = None
+    #: (I, N): only the trainings whose unit number is I mod N (implies train_only).
+    shard: tuple[int, int] | None = None
 
     @property
     def ckpt_dir(self) -> Path:
@@ -103,6 +108,17 @@ class RunOptions:
 
     def check(self) -> None:
         """Refuse modes that exclude each other, before any work."""
+        if self.executor not in units.EXECUTORS:
+            raise AttnbenchError(
+                f"--executor {self.executor!r}: accepted: {', '.join(units.EXECUTORS)}"
+            )
+        if self.ray_address is not None and self.executor != "ray":
+            raise AttnbenchError("--ray-address needs --executor ray")
+        if self.shard is not None and self.eval_only:
+            raise AttnbenchError(
+                "--shard trains a share of the checkpoints; --eval-only (without --shard) "
+                "evaluates them all once every shard is done"
+            )
         if self.train_only and self.eval_only:
             raise AttnbenchError(
                 "--train-only and --eval-only exclude each other; train with --train-only, "
@@ -155,28 +171,29 @@ class Plan:
     def __init__(self, cfg, variants, seeds, corpus_sha, opts: RunOptions):
         self.entries: list[tuple[TrainedVariant, int, Path, dict, dict | None]] = []
         existing = []
-        for seed in seeds:
-            for v in variants:
-                path = opts.ckpt_dir / f"{v.file_stem}-seed{seed}.pt"
-                key = checkpoint_key(cfg, v, seed, corpus_sha)
-                ckpt = None
-                if path.exists() and not opts.overwrite:
-                    ckpt = load_checkpoint(path)
-                    existing.append(path)
-                    if opts.resume or opts.eval_only:
-                        check_key(ckpt, key, path)
-                if opts.eval_only:
-                    if ckpt is None:
-                        raise AttnbenchError(
-                            f"--eval-only: no checkpoint for {v.label} seed {seed} at {path}; "
-                            "train it first (run without --eval-only)"
-                        )
-                    if not ckpt["done"]:
-                        raise AttnbenchError(
-                            f"--eval-only: checkpoint {path} is unfinished (step {ckpt['step']}/"
-                            f"{cfg.train.steps}); continue it with --resume"
-                        )
-                self.entries.append((v, seed, path, key, ckpt))
+        for index, (seed, v) in enumerate((s, v) for s in seeds for v in variants):
+            if not units.in_shard(index, opts.shard):  # another shard's training
+                continue
+            path = opts.ckpt_dir / f"{v.file_stem}-seed{seed}.pt"
+            key = checkpoint_key(cfg, v, seed, corpus_sha)
+            ckpt = None
+            if path.exists() and not opts.overwrite:
+                ckpt = load_checkpoint(path)
+                existing.append(path)
+                if opts.resume or opts.eval_only:
+                    check_key(ckpt, key, path)
+            if opts.eval_only:
+                if ckpt is None:
+                    raise AttnbenchError(
+                        f"--eval-only: no checkpoint for {v.label} seed {seed} at {path}; "
+                        "train it first (run without --eval-only)"
+                    )
+                if not ckpt["done"]:
+                    raise AttnbenchError(
+                        f"--eval-only: checkpoint {path} is unfinished (step {ckpt['step']}/"
+                        f"{cfg.train.steps}); continue it with --resume"
+                    )
+            self.entries.append((v, seed, path, key, ckpt))
         if existing and not (opts.resume or opts.eval_only):
             names = ", ".join(p.name for p in existing[:3]) + (" ..." if len(existing) > 3 else "")
             raise AttnbenchError(
@@ -422,7 +439,13 @@ def _eval_command(argv: list[str]) -> str:
     """The command that evaluates what a --train-only command trained: the same options with
     --eval-only (which excludes --resume and --overwrite), in one process."""
     dropped = {"--train-only", "--resume", "--overwrite"}
-    return shlex.join(["attnbench", *(a for a in argv[1:] if a not in dropped), "--eval-only"])
+    kept, args = [], iter(argv[1:])
+    for a in args:
+        if a == "--shard":  # every shard's checkpoints are evaluated together
+            next(args, None)
+        elif a not in dropped and not a.startswith("--shard="):
+            kept.append(a)
+    return shlex.join(["attnbench", *kept, "--eval-only"])
 
 
 def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dist=None):
@@ -526,6 +549,13 @@ def train_in_parallel(cfg, opts, plan, train_stream, device) -> set[Path]:
 
     todo = [(v, seed, path, key, ckpt) for v, seed, path, key, ckpt in plan.entries
             if ckpt is None or not ckpt["done"]]  # fmt: skip
+    if opts.executor == "ray":
+        # a task per training: one GPU each, or --threads CPUs each (default 1)
+        threads = (cfg.run.threads or 1) if device.type == "cpu" else _threads(cfg)
+        jobs = [TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
+                         opts.log_every, opts.tensorboard)
+                for v, seed, path, key, ckpt in todo]  # fmt: skip
+        return units.train_on_ray(jobs, train_stream, threads, device, opts.ray_address, opts.log)
     workers, threads = parallel_layout(cfg, device, len(todo), opts)
     if workers < 2:
         return set()
@@ -548,6 +578,26 @@ def train_in_parallel(cfg, opts, plan, train_stream, device) -> set[Path]:
     finally:
         pool.join()
     return {job.path for job in jobs}
+
+
+def list_units(cfg: ExtrapConfig, opts: RunOptions) -> list[dict[str, Any]]:
+    """``--list-units``: the run's trainings (with the shard each belongs to, under --shard, and
+    whether its checkpoint is finished) and its evaluation unit."""
+    corpus = load_corpus(cfg.run.corpus or None)
+    variants, _ = resolve_variants(cfg, opts.impls, opts.impl_params)
+    seeds = range(cfg.run.seed_start, cfg.run.seed_start + cfg.run.seeds)
+    entries = []
+    for seed in seeds:
+        for v in variants:
+            path = opts.ckpt_dir / f"{v.file_stem}-seed{seed}.pt"
+            ckpt = load_checkpoint(path) if path.exists() else None
+            key = checkpoint_key(cfg, v, seed, corpus.sha256)
+            done = ckpt is not None and ckpt.get("key") == key and ckpt.get("done")
+            entries.append((v, seed, path, key, {"done": done}))
+    listed = units.unit_list(entries, opts.shard)
+    if opts.shard is None:
+        return listed
+    return [u for u in listed if u["kind"] == "evaluation" or u["shard"] == opts.shard[0]]
 
 
 def parallel_layout(cfg, device, pending: int, opts) -> tuple[int, int]:

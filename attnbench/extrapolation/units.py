@@ -1,0 +1,145 @@
+"""An extrapolation run as units, the contract every engine uses (as the speed sweep's,
+:mod:`attnbench.bench.units`): one unit per (variant, seed) training, in plan order (seed by seed,
+variant by variant), each one its checkpoint; then one evaluation unit, which needs them all.
+
+``--shard I/N`` trains the trainings whose unit number is I mod N into a checkpoint folder every
+shard sees; the evaluation unit is ``--eval-only`` with the same options, once every shard is done.
+``--executor ray`` runs each training as a Ray task (:func:`train_on_ray`), then evaluates here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnbench.errors import AttnbenchError
+
+EXECUTORS = ("local", "ray")
+
+
+def unit_list(entries: Sequence[tuple], shard: tuple[int, int] | None) -> list[dict[str, Any]]:
+    """The run's units (``--list-units``): its trainings, then the evaluation."""
+    units: list[dict[str, Any]] = []
+    for i, (v, seed, path, _key, ckpt) in enumerate(entries):
+        done = ckpt is not None and ckpt.get("done")
+        units.append({"index": i, "id": f"train-{v.file_stem}-seed{seed}", "kind": "training",
+                      "variant": v.label, "seed": seed, "checkpoint": str(path),
+                      "done": bool(done)})  # fmt: skip
+    units.append({"index": len(entries), "id": "evaluate", "kind": "evaluation",
+                  "needs": [u["id"] for u in units], "done": False})  # fmt: skip
+    if shard is not None:
+        for u in units:
+            u["shard"] = u["index"] % shard[1]
+    return units
+
+
+def in_shard(index: int, shard: tuple[int, int] | None) -> bool:
+    return shard is None or index % shard[1] == shard[0]
+
+
+# --------------------------------------------------------------------------------------------
+# Ray
+# --------------------------------------------------------------------------------------------
+
+
+def _train_task(job, train_stream: Tensor, threads: int, retry_since: float | None):
+    """A Ray task: one training (its checkpoints written as it goes, where the driver said);
+    returns the summary line and the finished checkpoint's and curve's bytes, which the driver
+    writes where they belong when its node does not see them (no shared file system).
+
+    ``retry_since``: this is the retry of a training whose process died; continue from the
+    checkpoint it left if that was written during this run (never from an older file)."""
+    from dataclasses import replace
+
+    from attnbench.extrapolation import curves
+    from attnbench.extrapolation.progress import NoProgress
+    from attnbench.extrapolation.train import check_key, load_checkpoint
+
+    torch.set_num_threads(threads)
+    if retry_since is not None and job.path.exists() and job.path.stat().st_mtime >= retry_since:
+        ckpt = load_checkpoint(job.path)
+        check_key(ckpt, job.key, job.path)
+        job = replace(job, resume=ckpt)
+    line = job.run(train_stream, NoProgress())
+    curve = curves.curve_path(job.path)
+    return line, job.path.read_bytes(), curve.read_bytes() if curve.exists() else None
+
+
+def _put(path: Path, data: bytes | None) -> None:
+    """Write ``data`` at ``path`` atomically, unless the file there already holds it."""
+    if data is None or (path.exists() and path.read_bytes() == data):
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+
+
+def train_on_ray(jobs, train_stream: Tensor, threads: int, device: torch.device,
+                 address: str | None, log: Callable[[str], None]) -> set[Path]:  # fmt: skip
+    """Each training a Ray task (one GPU each on a GPU; ``threads`` CPUs each on a CPU). A task
+    whose process dies is retried once in a fresh process, from its last checkpoint; a training
+    that fails twice fails alone, and is reported once the others are done."""
+    from attnbench.bench.sweep import require_ray, start_ray
+
+    ray = require_ray()
+    t0 = time.perf_counter()
+    started_here = not ray.is_initialized()
+    if started_here:
+        start_ray(ray, address)
+    log(f"ray: {'joined ' + address if address else 'a local Ray instance started'} in "
+        f"{time.perf_counter() - t0:.1f} s; {len(jobs)} trainings as tasks")  # fmt: skip
+    if device.type == "cuda":
+        resources = {"num_gpus": 1, "num_cpus": 1}
+    else:
+        resources = {"num_cpus": threads, "num_gpus": 0}
+    task = ray.remote(max_retries=0, **resources)(_train_task)
+    retry = ray.remote(max_retries=0, max_calls=1, **resources)(_train_task)
+    stream = ray.put(train_stream)
+    started = time.time()
+    pending = {task.remote(job, stream, threads, None): (job, 1) for job in jobs}
+    done, failed, written = 0, [], set()
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            job, attempt = pending.pop(ready[0])
+            name = f"{job.variant.label} seed {job.seed}"
+            try:
+                line, ckpt_bytes, curve_bytes = ray.get(ready[0])
+            except Exception as e:
+                text = str(e).strip()
+                reason = text.splitlines()[0][:200] if text else type(e).__name__
+                if attempt == 1:
+                    log(f"{name}: {type(e).__name__}: {reason}; retrying once in a fresh process")
+                    pending[retry.remote(job, stream, threads, started)] = (job, 2)
+                    continue
+                failed.append(f"{name} ({type(e).__name__}: {reason})")
+                line = f"{name}: FAILED twice"
+            else:
+                from attnbench.extrapolation import curves
+
+                _put(job.path, ckpt_bytes)
+                _put(curves.curve_path(job.path), curve_bytes)
+                written.add(job.path)
+                done += 1
+            log(f"[{done} done, {len(pending)} running, {len(failed)} failed of {len(jobs)}] "
+                f"{line}")  # fmt: skip
+    except KeyboardInterrupt:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        if started_here:
+            ray.shutdown()
+    if failed:
+        raise AttnbenchError(
+            f"{len(failed)} of {len(jobs)} trainings failed twice: {'; '.join(failed)}; the "
+            "others are saved: run again with --resume"
+        )
+    return written
