@@ -107,3 +107,27 @@ def test_ray_missing_is_one_line(tmp_path, monkeypatch):
     assert res.exit_code == 2 and 'pip install "attnbench[ray]"' in res.output
     with pytest.raises(AttnbenchError):
         RunOptions(out=tmp_path, executor="nope").check()
+
+
+def test_a_training_whose_process_dies_is_retried_once_from_its_checkpoint(
+    setting, tmp_path, monkeypatch
+):
+    """Two trainings at once, each in its own process; the one training E seed 0 dies on its
+    first attempt and is retried in a fresh process (from the checkpoint it wrote, if any); the
+    rows equal the uninterrupted run's. Dying every time fails that training alone, with a
+    one-line error, and O's checkpoint is saved."""
+    from attnbench.bench.sweep import FAULT_ENV
+
+    root, cfg, single = setting
+    both = cfg.override({"threads": 2, "parallel": 2, "seeds": 1})
+    monkeypatch.setenv(FAULT_ENV, "crash-once:train-E-seed0")
+    said = []
+    result = run_extrapolate(both, RunOptions(out=tmp_path / "once", log=said.append,
+                                              argv=["attnbench"]))  # fmt: skip
+    assert any("a worker process died; retrying once" in line for line in said), said
+    assert scores(result) == [s for s in scores(single) if s[2] in (0, None)]
+    monkeypatch.setenv(FAULT_ENV, "crash:train-E-seed0")
+    with pytest.raises(AttnbenchError, match="training E seed 0 died twice"):
+        run_extrapolate(both, _opts(tmp_path / "always", train_only=True))
+    saved = {p.name for p in (tmp_path / "always/checkpoints").glob("*.pt")}
+    assert "O-seed0.pt" in saved and "E-seed0.pt" not in saved

@@ -497,6 +497,20 @@ class TrainJob:
     log_every: int
     tensorboard: Path | None
 
+    @property
+    def unit_id(self) -> str:
+        return f"train-{self.variant.file_stem}-seed{self.seed}"
+
+    def after_crash(self, since: float | None) -> TrainJob:
+        """This job, or for the retry of a crashed attempt (``since``: when the run started)
+        the job continuing from the checkpoint that attempt left, if it wrote one (never from an
+        older file: an --overwrite run must not pick one up)."""
+        if since is None or not self.path.exists() or self.path.stat().st_mtime < since:
+            return self
+        ckpt = load_checkpoint(self.path)
+        check_key(ckpt, self.key, self.path)
+        return dataclasses.replace(self, resume=ckpt)
+
     def run(self, train_stream: Tensor, progress: TrainProgress, on_step=None, dist=None) -> str:
         """Train to the end, checkpoints as it goes; returns the one-line summary. ``dist``: a
         :class:`~.distributed.DataParallel` to train over torchrun's processes."""
@@ -534,10 +548,13 @@ class TrainJob:
         )
 
 
-def _train_in_worker(job: TrainJob, train_stream: Tensor, threads: int) -> str:
-    """A worker process's whole life: its thread count, then one training."""
+def _train_in_worker(job: TrainJob, train_stream: Tensor, threads: int,
+                     retry_since: float | None = None) -> str:  # fmt: skip
+    """A worker process's whole life: its thread count, then one training (a retry continues
+    from the checkpoint the crashed attempt left)."""
     torch.set_num_threads(threads)
-    return job.run(train_stream, LineProgress(lines=10))
+    units.inject_fault(job.unit_id, retry_since is None)
+    return job.after_crash(retry_since).run(train_stream, LineProgress(lines=10))
 
 
 def train_in_parallel(cfg, opts, plan, train_stream, device) -> set[Path]:
@@ -545,7 +562,6 @@ def train_in_parallel(cfg, opts, plan, train_stream, device) -> set[Path]:
     torch threads (CPU only; see RunConfig.parallel); returns the checkpoints they wrote (none
     when one process at a time is the layout: the caller trains then). A failed training raises
     here; the finished ones stay."""
-    import multiprocessing
 
     todo = [(v, seed, path, key, ckpt) for v, seed, path, key, ckpt in plan.entries
             if ckpt is None or not ckpt["done"]]  # fmt: skip
@@ -564,20 +580,28 @@ def train_in_parallel(cfg, opts, plan, train_stream, device) -> set[Path]:
     jobs = [TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
                      opts.log_every, opts.tensorboard)
             for v, seed, path, key, ckpt in todo]  # fmt: skip
-    pool = multiprocessing.get_context("spawn").Pool(workers)
-    try:
-        pending = [pool.apply_async(_train_in_worker, (job, train_stream, threads)) for job in jobs]
-        for result in pending:
-            opts.log(result.get())
-        pool.close()
-    except BaseException:
-        # Ctrl-C reaches the workers too (they checkpoint and stop); SIGTERM, an error: stop
-        # them now. Either way --resume continues from the last checkpoints.
-        pool.terminate()
-        raise
-    finally:
-        pool.join()
+    started = time.time()
+    crashed = _train_in_pool(jobs, workers, threads, train_stream, opts.log, None)
+    if crashed:
+        names = ", ".join(f"{j.variant.label} seed {j.seed}" for j in crashed)
+        opts.log(f"{names}: a worker process died; retrying once in fresh processes, from the "
+                 "checkpoints this run wrote")  # fmt: skip
+        crashed = _train_in_pool(crashed, workers, threads, train_stream, opts.log, started)
+    if crashed:
+        names = ", ".join(f"{j.variant.label} seed {j.seed}" for j in crashed)
+        raise AttnbenchError(
+            f"the worker process training {names} died twice; the other trainings are saved: "
+            "run again with --resume"
+        )
     return {job.path for job in jobs}
+
+
+def _train_in_pool(jobs, workers, threads, train_stream, log, retry_since) -> list[TrainJob]:
+    """Train ``jobs``, ``workers`` at once, each in its own spawned process; returns the jobs
+    whose process died (a crash takes down only its own training). Any other failure, or
+    Ctrl-C (the workers checkpoint and stop), raises here once the running ones have stopped."""
+    return units.train_in_processes(jobs, workers, _train_in_worker,
+                                    (train_stream, threads, retry_since), log)  # fmt: skip
 
 
 def list_units(cfg: ExtrapConfig, opts: RunOptions) -> list[dict[str, Any]]:

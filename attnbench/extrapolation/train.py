@@ -240,6 +240,9 @@ class Interrupted(Exception):
         super().__init__(f"interrupted at step {step}/{total}; checkpoint {path}")
         self.path, self.step, self.total = path, step, total
 
+    def __reduce__(self):  # crosses from a worker process to the run intact
+        return (Interrupted, (self.path, self.step, self.total))
+
 
 class StopFlag:
     """Set by SIGINT/SIGTERM: the loop finishes its step, saves and stops. A second Ctrl-C

@@ -10,6 +10,7 @@ shard sees; the evaluation unit is ``--eval-only`` with the same options, once e
 from __future__ import annotations
 
 import os
+import pickle
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,6 +44,108 @@ def in_shard(index: int, shard: tuple[int, int] | None) -> bool:
     return shard is None or index % shard[1] == shard[0]
 
 
+def inject_fault(unit_id: str, first_attempt: bool) -> None:
+    """For the tests: ``ATTNBENCH_FAULT=crash:train-O-seed0`` kills the process training that
+    unit on every attempt, ``crash-once:...`` on its first (as :mod:`attnbench.bench.sweep`)."""
+    from attnbench.bench.sweep import FAULT_ENV, FAULT_EXIT
+
+    kind, _, target = os.environ.get(FAULT_ENV, "").partition(":")
+    if target == unit_id and (kind == "crash" or (kind == "crash-once" and first_attempt)):
+        os._exit(FAULT_EXIT)
+
+
+# --------------------------------------------------------------------------------------------
+# Worker processes on this machine
+# --------------------------------------------------------------------------------------------
+
+
+def _job_main(conn, fn, job, args) -> None:
+    """A worker process: one job; its result, or its exception, goes back through ``conn``."""
+    try:
+        reply = ("ok", fn(job, *args))
+    except BaseException as e:
+        try:
+            pickle.dumps(e)
+            reply = ("error", e)
+        except Exception:
+            reply = ("error", AttnbenchError(f"{type(e).__name__}: {e}"))
+    conn.send(reply)
+
+
+class _JobProcess:
+    def __init__(self, ctx, fn, job, args):
+        self.job = job
+        self.conn, child = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=_job_main, args=(child, fn, job, args), daemon=True)
+        self.proc.start()
+        child.close()
+
+    def outcome(self) -> tuple[str, Any] | None:
+        """("ok", result), ("error", exception), ("died", exit code), or None while running."""
+        if self.conn.poll():
+            try:
+                reply = self.conn.recv()
+                self.proc.join()
+                return reply
+            except EOFError:
+                pass
+        if self.proc.is_alive():
+            return None
+        self.proc.join()
+        return ("died", self.proc.exitcode)
+
+    def stop(self, wait_s: float) -> None:
+        self.proc.join(wait_s)
+        if self.proc.is_alive():
+            self.proc.terminate()
+            self.proc.join()
+
+
+def train_in_processes(jobs, workers: int, fn, args: tuple, log) -> list:
+    """``fn(job, *args)`` for every job, ``workers`` at once, each in its own spawned process (a
+    segfault or an exit fails only its own job); logs each result. Returns the jobs whose process
+    died. A job that raises makes this raise, after the others running have stopped (Ctrl-C
+    reaches them too: they checkpoint and stop; otherwise they are terminated)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    queue, running, died = list(jobs), [], []
+    try:
+        while queue or running:
+            while queue and len(running) < workers:
+                running.append(_JobProcess(ctx, fn, queue.pop(0), args))
+            time.sleep(0.05)
+            for proc in list(running):
+                outcome = proc.outcome()
+                if outcome is None:
+                    continue
+                running.remove(proc)
+                kind, value = outcome
+                if kind == "ok":
+                    log(value)
+                elif kind == "died":
+                    log(f"{proc.job.variant.label} seed {proc.job.seed}: "
+                        f"{_died(value)}")  # fmt: skip
+                    died.append(proc.job)
+                else:
+                    raise value
+    except KeyboardInterrupt:
+        for proc in running:  # they got the Ctrl-C too: let them write their checkpoints
+            proc.stop(wait_s=60)
+        raise
+    except BaseException:
+        for proc in running:
+            proc.stop(wait_s=0)
+        raise
+    return sorted(died, key=jobs.index)
+
+
+def _died(exit_code: int | None) -> str:
+    from attnbench.bench.sweep import died_reason
+
+    return died_reason(exit_code).replace("running it", "training it")
+
+
 # --------------------------------------------------------------------------------------------
 # Ray
 # --------------------------------------------------------------------------------------------
@@ -55,18 +158,12 @@ def _train_task(job, train_stream: Tensor, threads: int, retry_since: float | No
 
     ``retry_since``: this is the retry of a training whose process died; continue from the
     checkpoint it left if that was written during this run (never from an older file)."""
-    from dataclasses import replace
-
     from attnbench.extrapolation import curves
     from attnbench.extrapolation.progress import NoProgress
-    from attnbench.extrapolation.train import check_key, load_checkpoint
 
     torch.set_num_threads(threads)
-    if retry_since is not None and job.path.exists() and job.path.stat().st_mtime >= retry_since:
-        ckpt = load_checkpoint(job.path)
-        check_key(ckpt, job.key, job.path)
-        job = replace(job, resume=ckpt)
-    line = job.run(train_stream, NoProgress())
+    inject_fault(job.unit_id, retry_since is None)
+    line = job.after_crash(retry_since).run(train_stream, NoProgress())
     curve = curves.curve_path(job.path)
     return line, job.path.read_bytes(), curve.read_bytes() if curve.exists() else None
 
