@@ -66,9 +66,15 @@ def test_shards_train_their_share_then_one_evaluation(setting, tmp_path):
     assert not (tmp_path / "shard0/extrapolate.csv").exists()
     result = run_extrapolate(cfg, _opts(tmp_path / "final", checkpoints=ckpts, eval_only=True))
     assert scores(result) == scores(single)
-    again = run_extrapolate(cfg, _opts(tmp_path / "shard0", checkpoints=ckpts, shard=(0, 2),
-                                       train_only=True, resume=True))  # fmt: skip
-    assert again.rows == []  # both of its checkpoints are finished: nothing is redone
+    before = {p.name: p.stat().st_mtime_ns for p in ckpts.glob("*.pt")}
+    said = []
+    run_extrapolate(cfg, RunOptions(out=tmp_path / "shard0", checkpoints=ckpts, shard=(0, 2),
+                                    train_only=True, resume=True, log=said.append,
+                                    argv=["attnbench"]))  # fmt: skip
+    # both of its checkpoints are finished: nothing is trained or written again
+    assert {p.name: p.stat().st_mtime_ns for p in ckpts.glob("*.pt")} == before
+    assert not any("trained 12 steps" in line for line in said), said
+    assert sum("checkpoint" in line and "O-seed" in line for line in said) == 2, said
 
 
 def test_list_units_and_bad_input(tmp_path):

@@ -11,7 +11,6 @@ the plan). Results measured on different device models or torch versions are ref
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from attnbench.bench.units import (
     PLAN_NAME,
     UNITS_DIR,
     Unit,
+    private_name,
     read_plan,
     read_record,
     row_order,
@@ -144,7 +144,13 @@ def merge_runs(folders: Sequence[Path], out: Path, *, allow_mixed: bool = False,
                 if key in stubs:
                     samples.append((row_order(stubs[key], "ok"), line))
             if base_sidecar is None and (folder / SIDECAR_NAME).is_file():
-                base_sidecar = json.loads((folder / SIDECAR_NAME).read_text(encoding="utf-8"))
+                try:
+                    base_sidecar = json.loads((folder / SIDECAR_NAME).read_text("utf-8"))
+                except ValueError as e:
+                    raise AttnbenchError(
+                        f"merge: {folder / SIDECAR_NAME}: not readable JSON ({e}); run that "
+                        "unit again (--resume)"
+                    ) from None
         else:
             why = (f"unit {unit.id} failed after {rec.get('attempts', '?')} attempts: "
                    f"{rec.get('reason') or 'no reason recorded'}" if rec is not None
@@ -170,18 +176,18 @@ def merge_runs(folders: Sequence[Path], out: Path, *, allow_mixed: bool = False,
         write_plan(out, doc)  # a merged folder can be merged again, or resumed into
     csv_path = out / CSV_NAME
     # temporary names of this process: two shards finishing together may both merge
-    tmp = out / f".{CSV_NAME}.{os.getpid()}.tmp"
+    tmp = out / private_name(CSV_NAME)
     writer = ResultsWriter(tmp)
     for row in ordered:
         writer.write(row)
     writer.close()
     tmp.replace(csv_path)
-    stmp = out / f".{SAMPLES_NAME}.{os.getpid()}.tmp"
+    stmp = out / private_name(SAMPLES_NAME)
     stmp.write_text("".join(line + "\n" for _, line in samples), encoding="utf-8")
     stmp.replace(out / SAMPLES_NAME)
     df = pd.DataFrame(ordered, columns=list(COLUMNS))
     exponents = fit_exponents(df)
-    ctmp = out / f".{COMPLEXITY_NAME}.{os.getpid()}.tmp"
+    ctmp = out / private_name(COMPLEXITY_NAME)
     exponents.to_csv(ctmp, index=False, float_format="%.4g")
     ctmp.replace(out / COMPLEXITY_NAME)
     calibration = _calibration(df, doc)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.bench.units import (
+    PLAN_NAME,
     RECORD_NAME,
     UNITS_DIR,
     Unit,
@@ -90,7 +91,8 @@ def _inject_fault(unit: Unit, attempt: int) -> None:
         os._exit(FAULT_EXIT)  # as a crash looks from outside: no cleanup, no record
 
 
-def run_unit(suite, index: int, out: Path, attempt: int, mechanisms=None) -> dict[str, Any]:
+def run_unit(suite, index: int, unit_id: str, out: Path, attempt: int,
+             mechanisms=None) -> dict[str, Any]:  # fmt: skip
     """Run unit ``index`` of ``suite`` into a staging folder under ``out``, then move it to
     ``out/units/<id>`` if it completed; returns its record. An interrupted or stopped unit
     (sticky CUDA error) is not published: its record says ``failed``."""
@@ -98,14 +100,23 @@ def run_unit(suite, index: int, out: Path, attempt: int, mechanisms=None) -> dic
 
     from attnbench.bench.run import run_speed
 
-    unit = speed_units(suite, mechanisms)[index]
+    units = speed_units(suite, mechanisms)
+    unit = units[index] if index < len(units) else None
+    if unit is None or unit.id != unit_id:
+        raise AttnbenchError(
+            f"unit {index} here is {unit.id if unit else 'missing'}, not {unit_id}: this "
+            "process's attnbench or registry differs from the driver's"
+        )
     _inject_fault(unit, attempt)
     staging = staging_dir(out, unit)
-    shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     started = now()
     command = ["attnbench", "run", "speed", "--unit", unit.id]
-    run = run_speed(suite, staging, mechanisms=mechanisms, unit=unit, command=command)
+    try:
+        run = run_speed(suite, staging, mechanisms=mechanisms, unit=unit, command=command)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     reason = run.stopped or ("interrupted (Ctrl-C)" if run.interrupted else "")
     rec = record(
         unit,
@@ -137,9 +148,9 @@ def _worker_main(conn, suite, out: Path) -> None:
         msg = conn.recv()
         if msg is None:
             return
-        index, attempt = msg
+        index, unit_id, attempt = msg
         try:
-            rec = run_unit(suite, index, out, attempt)
+            rec = run_unit(suite, index, unit_id, out, attempt)
         except Exception as e:  # a bug or bad state: the unit fails, the sweep goes on
             from attnbench.bench.run import one_line
 
@@ -165,8 +176,8 @@ class LocalWorker:
         self.proc.start()
         child.close()
 
-    def run(self, index: int, attempt: int) -> dict[str, Any]:
-        self.conn.send((index, attempt))
+    def run(self, unit: Unit, attempt: int) -> dict[str, Any]:
+        self.conn.send((unit.index, unit.id, attempt))
         while True:
             if self.conn.poll(0.2):
                 try:
@@ -223,6 +234,11 @@ def plan_sweep(suite, out: Path, shard, resume: bool, overwrite: bool, mechanism
     units = speed_units(suite, mechanisms)
     if not units:
         raise AttnbenchError("nothing to run: the suite and options select no case")
+    if (out / "results.csv").exists() and not (out / PLAN_NAME).exists() and not overwrite:
+        raise AttnbenchError(
+            f"--out {out} already holds the results.csv of a single-process run; choose another "
+            "directory or pass --overwrite"
+        )
     names = [m.name for m in (mechanisms if mechanisms is not None else registry.MECHANISMS)]
     out.mkdir(parents=True, exist_ok=True)
     write_plan(out, plan_document(suite, units, names))
@@ -288,7 +304,7 @@ def _run_locally(suite, out: Path, todo: Sequence[Unit], outcome: SweepOutcome, 
             for attempt in (1, 2):
                 worker = worker or LocalWorker(suite, out)
                 try:
-                    rec = worker.run(unit.index, attempt)
+                    rec = worker.run(unit, attempt)
                 except WorkerDied as e:
                     worker = None
                     rec = _failed_record(unit, attempt, e.exit_code, died_reason(e.exit_code))
@@ -323,12 +339,12 @@ def require_ray():
     return ray
 
 
-def _ray_unit(suite, index: int, attempt: int) -> tuple[dict[str, Any], dict[str, str]]:
+def _ray_unit(suite, index: int, unit_id: str, attempt: int) -> tuple[dict, dict[str, str]]:
     """A Ray task: run the unit in a scratch folder of this node; return its record and files
     (so the driver's node writes them, and no shared file system is needed)."""
     scratch = Path(tempfile.mkdtemp(prefix="attnbench-unit-"))
     try:
-        rec = run_unit(suite, index, scratch, attempt)
+        rec = run_unit(suite, index, unit_id, scratch, attempt)
         files = {}
         if rec["status"] == "ok":
             folder = scratch / UNITS_DIR / rec["unit"]
@@ -346,8 +362,24 @@ def start_ray(ray, address: str | None) -> None:
     for its nodes (start them with RAY_worker_niceness=0)."""
     if not address:
         os.environ.setdefault("RAY_worker_niceness", "0")
-    ray.init(address=address or None, include_dashboard=False, log_to_driver=False,
+    # "local": a new instance here, never a cluster RAY_ADDRESS or an earlier `ray start` names
+    ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
              configure_logging=False)  # fmt: skip
+
+
+def check_fits(ray, resources: dict[str, float]) -> None:
+    """Refuse, before submitting, a task no node of the cluster can ever run (Ray would wait
+    for it forever): more CPUs or GPUs than the largest node has."""
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    need_cpu, need_gpu = resources.get("num_cpus", 0), resources.get("num_gpus", 0)
+    if any(n.get("CPU", 0) >= need_cpu and n.get("GPU", 0) >= need_gpu for n in nodes):
+        return
+    biggest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
+    raise AttnbenchError(
+        f"--executor ray: each task needs {need_cpu:g} CPUs and {need_gpu:g} GPUs, and no node "
+        f"of this Ray cluster has that (largest: {biggest.get('CPU', 0):g} CPUs, "
+        f"{biggest.get('GPU', 0):g} GPUs); on a CPU give --threads at most its CPUs"
+    )
 
 
 def _ray_resources(suite) -> dict[str, float]:
@@ -368,7 +400,8 @@ def _run_on_ray(ray, suite, out: Path, todo, outcome: SweepOutcome, address, log
     first = ray.remote(max_retries=0, **resources)(_ray_unit)
     # a retry always starts a fresh worker process (max_calls=1: the process ends after it)
     again = ray.remote(max_retries=0, max_calls=1, **resources)(_ray_unit)
-    by_ref = {first.remote(suite, u.index, 1): (u, 1) for u in todo}
+    check_fits(ray, resources)
+    by_ref = {first.remote(suite, u.index, u.id, 1): (u, 1) for u in todo}
     try:
         while by_ref:
             ready, _ = ray.wait(list(by_ref), num_returns=1)
@@ -379,7 +412,7 @@ def _run_on_ray(ray, suite, out: Path, todo, outcome: SweepOutcome, address, log
                 rec, files = _failed_record(unit, attempt, None, _ray_error(e)), {}
             if rec["status"] != "ok" and attempt == 1:
                 log(f"{unit.id}: {rec.get('reason')}; retrying once in a fresh process")
-                by_ref[again.remote(suite, unit.index, 2)] = (unit, 2)
+                by_ref[again.remote(suite, unit.index, unit.id, 2)] = (unit, 2)
                 continue
             if rec["status"] == "ok":
                 staging = staging_dir(out, unit)

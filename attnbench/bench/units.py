@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 import socket
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,8 +194,14 @@ def read_plan(path: Path) -> dict[str, Any]:
     return doc
 
 
+def private_name(name: str) -> str:
+    """``.NAME.HOST.PID.RANDOM.tmp``: a temporary name no other process, on this node or
+    another one sharing the folder, can pick."""
+    return f".{name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(private_name(path.name))
     tmp.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
     tmp.replace(path)
 
@@ -218,13 +225,13 @@ def is_done(out: Path, unit: Unit) -> bool:
 
 def staging_dir(out: Path, unit: Unit) -> Path:
     """Where a unit runs before it is complete (one per host and process: never shared)."""
-    return out / UNITS_DIR / f".{unit.id}.{socket.gethostname()}.{os.getpid()}.tmp"
+    return out / UNITS_DIR / private_name(unit.id)
 
 
 def publish(staging: Path, final: Path) -> None:
     """Move a complete unit folder into place, replacing an older attempt's."""
     if final.exists():
-        old = final.with_name(f".{final.name}.{os.getpid()}.old")
+        old = final.with_name(private_name(final.name))
         final.replace(old)
         shutil.rmtree(old, ignore_errors=True)
     staging.replace(final)
@@ -247,6 +254,7 @@ def record(
     return {
         "unit": unit.id,
         "index": unit.index,
+        "device": unit.device,
         "status": status,  # ok | failed
         "reason": reason,
         "exit_code": exit_code,

@@ -212,6 +212,7 @@ def extrapolate(
     if list_units:
         from attnbench.extrapolation.run import list_units as units_of
 
+        opts.check()
         typer.echo(json.dumps(units_of(cfg, opts), indent=1))
         return
     try:

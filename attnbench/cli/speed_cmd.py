@@ -507,6 +507,10 @@ def speed(
         from attnbench.bench.units import parse_shard
 
         parsed_shard = parse_shard(shard) if shard is not None else None
+        from attnbench.bench.sweep import EXECUTORS
+
+        if executor is not None and executor not in EXECUTORS:
+            raise AttnbenchError(f"--executor {executor!r}: accepted: {', '.join(EXECUTORS)}")
         if list_units:
             print_units(chosen, parsed_shard, summary_format)
             return

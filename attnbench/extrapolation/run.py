@@ -114,6 +114,11 @@ class RunOptions:
             )
         if self.ray_address is not None and self.executor != "ray":
             raise AttnbenchError("--ray-address needs --executor ray")
+        if self.executor == "ray" and distributed.torchrun_world_size() > 1:
+            raise AttnbenchError(
+                "--executor ray under torchrun: choose one (torchrun: one training over several "
+                "processes; Ray: many trainings as tasks)"
+            )
         if self.shard is not None and self.eval_only:
             raise AttnbenchError(
                 "--shard trains a share of the checkpoints; --eval-only (without --shard) "

@@ -183,7 +183,7 @@ def train_on_ray(jobs, train_stream: Tensor, threads: int, device: torch.device,
     """Each training a Ray task (one GPU each on a GPU; ``threads`` CPUs each on a CPU). A task
     whose process dies is retried once in a fresh process, from its last checkpoint; a training
     that fails twice fails alone, and is reported once the others are done."""
-    from attnbench.bench.sweep import require_ray, start_ray
+    from attnbench.bench.sweep import check_fits, require_ray, start_ray
 
     ray = require_ray()
     t0 = time.perf_counter()
@@ -196,6 +196,7 @@ def train_on_ray(jobs, train_stream: Tensor, threads: int, device: torch.device,
         resources = {"num_gpus": 1, "num_cpus": 1}
     else:
         resources = {"num_cpus": threads, "num_gpus": 0}
+    check_fits(ray, resources)
     task = ray.remote(max_retries=0, **resources)(_train_task)
     retry = ray.remote(max_retries=0, max_calls=1, **resources)(_train_task)
     stream = ray.put(train_stream)
