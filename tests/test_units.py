@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 from attnbench.bench.merge import merge_runs
 from attnbench.bench.results import KEY
 from attnbench.bench.run import run_speed
-from attnbench.bench.sweep import FAULT_ENV, FAULT_EXIT, plan_sweep, run_sweep
-from attnbench.bench.units import parse_shard, speed_units, unit_dir
+from attnbench.bench.sweep import plan_sweep, run_sweep
+from attnbench.bench.units import speed_units, unit_dir
 from attnbench.cli import app
+from attnbench.engines import FAULT_ENV, FAULT_EXIT, parse_shard
 from attnbench.errors import AttnbenchError
 from tests.test_speed import tiny
 

@@ -13,14 +13,12 @@ Executors:
   unit's threads as ``num_cpus`` on a CPU). Each task runs in a scratch folder of its node and
   returns its files to this process, so the nodes need no shared file system.
 
-Fault injection, for the tests of all this: ``ATTNBENCH_FAULT=crash:UNIT_ID`` makes the process
-running that unit die (exit code 70) on every attempt, ``crash-once:UNIT_ID`` on its first only.
+Fault injection for the tests: :mod:`attnbench.engines`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import tempfile
@@ -35,7 +33,6 @@ from attnbench.bench.units import (
     RECORD_NAME,
     UNITS_DIR,
     Unit,
-    in_shard,
     is_done,
     now,
     plan_document,
@@ -48,12 +45,16 @@ from attnbench.bench.units import (
     write_json_atomic,
     write_plan,
 )
+from attnbench.engines import (
+    check_executor,
+    check_fits,
+    died_reason,
+    in_shard,
+    inject_fault,
+    require_ray,
+    start_ray,
+)
 from attnbench.errors import AttnbenchError
-
-EXECUTORS = ("local", "ray")
-FAULT_ENV = "ATTNBENCH_FAULT"
-FAULT_EXIT = 70
-RAY_INSTALL = 'pip install "attnbench[ray]"'
 
 
 @dataclass
@@ -85,12 +86,6 @@ class SweepOutcome:
 # --------------------------------------------------------------------------------------------
 
 
-def _inject_fault(unit: Unit, attempt: int) -> None:
-    kind, _, target = os.environ.get(FAULT_ENV, "").partition(":")
-    if target == unit.id and (kind == "crash" or (kind == "crash-once" and attempt == 1)):
-        os._exit(FAULT_EXIT)  # as a crash looks from outside: no cleanup, no record
-
-
 def run_unit(suite, index: int, unit_id: str, out: Path, attempt: int,
              mechanisms=None) -> dict[str, Any]:  # fmt: skip
     """Run unit ``index`` of ``suite`` into a staging folder under ``out``, then move it to
@@ -107,7 +102,7 @@ def run_unit(suite, index: int, unit_id: str, out: Path, attempt: int,
             f"unit {index} here is {unit.id if unit else 'missing'}, not {unit_id}: this "
             "process's attnbench or registry differs from the driver's"
         )
-    _inject_fault(unit, attempt)
+    inject_fault(unit.id, attempt == 1)
     staging = staging_dir(out, unit)
     staging.mkdir(parents=True)
     started = now()
@@ -198,16 +193,6 @@ class LocalWorker:
             self.proc.join()
 
 
-def died_reason(exit_code: int | None) -> str:
-    if exit_code is not None and exit_code < 0:
-        try:
-            name = signal.Signals(-exit_code).name
-        except ValueError:
-            name = f"signal {-exit_code}"
-        return f"the process running it was killed by {name}"
-    return f"the process running it exited with code {exit_code}"
-
-
 def _failed_record(unit: Unit, attempts: int, exit_code: int | None, reason: str) -> dict:
     return record(unit, "failed", exit_code=-1 if exit_code is None else exit_code,
                   attempts=attempts, reason=reason)  # fmt: skip
@@ -265,8 +250,7 @@ def run_sweep(
     log: Callable[[str], None] = print,
 ) -> SweepOutcome:
     """Run this shard's units of ``suite`` into ``out`` with ``executor``."""
-    if executor not in EXECUTORS:
-        raise AttnbenchError(f"--executor {executor!r}: accepted: {', '.join(EXECUTORS)}")
+    check_executor(executor)
     if executor == "ray":
         ray = require_ray()
     units, mine, todo = plan_sweep(suite, out, shard, resume, overwrite)
@@ -330,15 +314,6 @@ def _run_locally(suite, out: Path, todo: Sequence[Unit], outcome: SweepOutcome, 
 # --------------------------------------------------------------------------------------------
 
 
-def require_ray():
-    try:
-        import ray
-    except ImportError:
-        raise AttnbenchError(f"--executor ray: Ray is not installed; install it with {RAY_INSTALL}"
-                             ) from None  # fmt: skip
-    return ray
-
-
 def _ray_unit(suite, index: int, unit_id: str, attempt: int) -> tuple[dict, dict[str, str]]:
     """A Ray task: run the unit in a scratch folder of this node; return its record and files
     (so the driver's node writes them, and no shared file system is needed)."""
@@ -352,34 +327,6 @@ def _ray_unit(suite, index: int, unit_id: str, attempt: int) -> tuple[dict, dict
         return rec, files
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def start_ray(ray, address: str | None) -> None:
-    """Join the cluster at ``address``, or start a local Ray instance. Ray starts its workers
-    at niceness 15: on a machine where anything else runs, a timing or a training would get
-    the leftovers of the CPU (measured here: a matmul 25x slower beside two busy processes). A
-    local instance started here runs them at the priority of this process; a cluster decides
-    for its nodes (start them with RAY_worker_niceness=0)."""
-    if not address:
-        os.environ.setdefault("RAY_worker_niceness", "0")
-    # "local": a new instance here, never a cluster RAY_ADDRESS or an earlier `ray start` names
-    ray.init(address=address or "local", include_dashboard=False, log_to_driver=False,
-             configure_logging=False)  # fmt: skip
-
-
-def check_fits(ray, resources: dict[str, float]) -> None:
-    """Refuse, before submitting, a task no node of the cluster can ever run (Ray would wait
-    for it forever): more CPUs or GPUs than the largest node has."""
-    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
-    need_cpu, need_gpu = resources.get("num_cpus", 0), resources.get("num_gpus", 0)
-    if any(n.get("CPU", 0) >= need_cpu and n.get("GPU", 0) >= need_gpu for n in nodes):
-        return
-    biggest = max(nodes, key=lambda n: (n.get("GPU", 0), n.get("CPU", 0)), default={})
-    raise AttnbenchError(
-        f"--executor ray: each task needs {need_cpu:g} CPUs and {need_gpu:g} GPUs, and no node "
-        f"of this Ray cluster has that (largest: {biggest.get('CPU', 0):g} CPUs, "
-        f"{biggest.get('GPU', 0):g} GPUs); on a CPU give --threads at most its CPUs"
-    )
 
 
 def _ray_resources(suite) -> dict[str, float]:

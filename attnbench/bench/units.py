@@ -85,25 +85,6 @@ def unit_id(device: str, dtype: str, head_dim: int, causal: bool, mechanism: str
     return f"{device}-{dtype}-d{head_dim}-{'causal' if causal else 'bidir'}-{mechanism}"
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"3/8"`` -> (3, 8): shard 3 of 8 (0 <= I < N)."""
-    head, sep, tail = text.partition("/")
-    try:
-        i, n = int(head), int(tail)
-    except ValueError:
-        i = n = -1
-    if not sep or n < 1 or not 0 <= i < n:
-        raise AttnbenchError(
-            f"--shard {text!r}: accepted: I/N with 0 <= I < N, e.g. 0/4 "
-            "(on SLURM: --shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT with --array=0-N-1)"
-        )
-    return i, n
-
-
-def in_shard(unit_index: int, shard: tuple[int, int] | None) -> bool:
-    return shard is None or unit_index % shard[1] == shard[0]
-
-
 def speed_units(suite, mechanisms=None) -> list[Unit]:
     """The suite's units, in plan order (the order their first case runs in a single-process
     run), each listing the rows it writes."""

@@ -189,7 +189,7 @@ def extrapolate(
     cfg = cfg.override(values)
     if sum((resume, eval_only, overwrite)) > 1:
         raise fail("--resume, --eval-only and --overwrite exclude each other")
-    from attnbench.bench.units import parse_shard
+    from attnbench.engines import parse_shard
 
     parsed_shard = parse_shard(shard) if shard is not None else None
     train_only = train_only or parsed_shard is not None

@@ -332,7 +332,8 @@ def draw_figures(run: SpeedRun) -> list[Path]:
 
 def print_units(suite, shard: tuple[int, int] | None, fmt: str) -> None:
     """--list-units: every unit of the sweep, in plan order, with the shard that runs it."""
-    from attnbench.bench.units import in_shard, speed_units
+    from attnbench.bench.units import speed_units
+    from attnbench.engines import in_shard
 
     units = [u for u in speed_units(suite) if in_shard(u.index, shard)]
     if fmt == "json":
@@ -504,10 +505,10 @@ def speed(
         params=parse_params(param),
     )
     if list_units or executor is not None or shard is not None:
-        from attnbench.bench.units import parse_shard
+        from attnbench.engines import parse_shard
 
         parsed_shard = parse_shard(shard) if shard is not None else None
-        from attnbench.bench.sweep import EXECUTORS
+        from attnbench.engines import EXECUTORS
 
         if executor is not None and executor not in EXECUTORS:
             raise AttnbenchError(f"--executor {executor!r}: accepted: {', '.join(EXECUTORS)}")

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench import engines
 from attnbench.data import load_corpus
 from attnbench.errors import AttnbenchError
 from attnbench.extrapolation import baseline, curves, distributed, report, units
@@ -108,10 +109,7 @@ class RunOptions:
 
     def check(self) -> None:
         """Refuse modes that exclude each other, before any work."""
-        if self.executor not in units.EXECUTORS:
-            raise AttnbenchError(
-                f"--executor {self.executor!r}: accepted: {', '.join(units.EXECUTORS)}"
-            )
+        engines.check_executor(self.executor)
         if self.ray_address is not None and self.executor != "ray":
             raise AttnbenchError("--ray-address needs --executor ray")
         if self.executor == "ray" and distributed.torchrun_world_size() > 1:
@@ -177,7 +175,7 @@ class Plan:
         self.entries: list[tuple[TrainedVariant, int, Path, dict, dict | None]] = []
         existing = []
         for index, (seed, v) in enumerate((s, v) for s in seeds for v in variants):
-            if not units.in_shard(index, opts.shard):  # another shard's training
+            if not engines.in_shard(index, opts.shard):  # another shard's training
                 continue
             path = opts.ckpt_dir / f"{v.file_stem}-seed{seed}.pt"
             key = checkpoint_key(cfg, v, seed, corpus_sha)
@@ -558,7 +556,7 @@ def _train_in_worker(job: TrainJob, train_stream: Tensor, threads: int,
     """A worker process's whole life: its thread count, then one training (a retry continues
     from the checkpoint the crashed attempt left)."""
     torch.set_num_threads(threads)
-    units.inject_fault(job.unit_id, retry_since is None)
+    engines.inject_fault(job.unit_id, retry_since is None)
     return job.after_crash(retry_since).run(train_stream, LineProgress(lines=10))
 
 

@@ -19,9 +19,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench.engines import (
+    check_fits,
+    died_reason,
+    inject_fault,
+    require_ray,
+    start_ray,
+)
 from attnbench.errors import AttnbenchError
-
-EXECUTORS = ("local", "ray")
 
 
 def unit_list(entries: Sequence[tuple], shard: tuple[int, int] | None) -> list[dict[str, Any]]:
@@ -38,20 +43,6 @@ def unit_list(entries: Sequence[tuple], shard: tuple[int, int] | None) -> list[d
         for u in units:
             u["shard"] = u["index"] % shard[1]
     return units
-
-
-def in_shard(index: int, shard: tuple[int, int] | None) -> bool:
-    return shard is None or index % shard[1] == shard[0]
-
-
-def inject_fault(unit_id: str, first_attempt: bool) -> None:
-    """For the tests: ``ATTNBENCH_FAULT=crash:train-O-seed0`` kills the process training that
-    unit on every attempt, ``crash-once:...`` on its first (as :mod:`attnbench.bench.sweep`)."""
-    from attnbench.bench.sweep import FAULT_ENV, FAULT_EXIT
-
-    kind, _, target = os.environ.get(FAULT_ENV, "").partition(":")
-    if target == unit_id and (kind == "crash" or (kind == "crash-once" and first_attempt)):
-        os._exit(FAULT_EXIT)
 
 
 # --------------------------------------------------------------------------------------------
@@ -141,9 +132,7 @@ def train_in_processes(jobs, workers: int, fn, args: tuple, log) -> list:
 
 
 def _died(exit_code: int | None) -> str:
-    from attnbench.bench.sweep import died_reason
-
-    return died_reason(exit_code).replace("running it", "training it")
+    return died_reason(exit_code, "training it")
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,8 +172,6 @@ def train_on_ray(jobs, train_stream: Tensor, threads: int, device: torch.device,
     """Each training a Ray task (one GPU each on a GPU; ``threads`` CPUs each on a CPU). A task
     whose process dies is retried once in a fresh process, from its last checkpoint; a training
     that fails twice fails alone, and is reported once the others are done."""
-    from attnbench.bench.sweep import check_fits, require_ray, start_ray
-
     ray = require_ray()
     t0 = time.perf_counter()
     started_here = not ray.is_initialized()
