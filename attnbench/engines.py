@@ -9,8 +9,10 @@ first attempt only.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+import time
 
 from attnbench.errors import AttnbenchError
 
@@ -71,6 +73,24 @@ def require_ray():
             f"--executor ray: Ray is not installed; install it with {RAY_INSTALL}"
         ) from None
     return ray
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None, log):
+    """Ray, started here (or joined at ``address``) unless this process already holds it, and
+    shut down on the way out if started here; logs how long the start took."""
+    ray = require_ray()
+    started_here = not ray.is_initialized()
+    t0 = time.perf_counter()
+    if started_here:
+        start_ray(ray, address)
+    how = f"joined {address}" if address else "a local Ray instance started"
+    log(f"ray: {how} in {time.perf_counter() - t0:.1f} s; resources {ray.cluster_resources()}")
+    try:
+        yield ray
+    finally:
+        if started_here:
+            ray.shutdown()
 
 
 def start_ray(ray, address: str | None) -> None:

@@ -51,8 +51,8 @@ from attnbench.engines import (
     died_reason,
     in_shard,
     inject_fault,
+    ray_session,
     require_ray,
-    start_ray,
 )
 from attnbench.errors import AttnbenchError
 
@@ -68,7 +68,6 @@ class SweepOutcome:
     skipped: list[str] = field(default_factory=list)  # ids already done (--resume)
     interrupted: bool = False
     wall_s: float = 0.0
-    startup_s: float = 0.0  # the executor's start (Ray: ray.init)
 
     @property
     def failed(self) -> list[str]:
@@ -252,7 +251,7 @@ def run_sweep(
     """Run this shard's units of ``suite`` into ``out`` with ``executor``."""
     check_executor(executor)
     if executor == "ray":
-        ray = require_ray()
+        require_ray()  # before any work: a missing Ray is a one-line error
     units, mine, todo = plan_sweep(suite, out, shard, resume, overwrite)
     outcome = SweepOutcome(out, units, mine)
     outcome.skipped = [u.id for u in mine if u not in todo]
@@ -262,7 +261,8 @@ def run_sweep(
     started = time.perf_counter()
     try:
         if executor == "ray":
-            _run_on_ray(ray, suite, out, todo, outcome, ray_address, log)
+            with ray_session(ray_address, log) as ray:
+                _run_on_ray(ray, suite, out, todo, outcome, log)
         else:
             _run_locally(suite, out, todo, outcome, log)
     except KeyboardInterrupt:
@@ -335,14 +335,7 @@ def _ray_resources(suite) -> dict[str, float]:
     return {"num_cpus": suite.thread_count(), "num_gpus": 0}
 
 
-def _run_on_ray(ray, suite, out: Path, todo, outcome: SweepOutcome, address, log) -> None:
-    t0 = time.perf_counter()
-    started_here = not ray.is_initialized()
-    if started_here:
-        start_ray(ray, address)
-    outcome.startup_s = time.perf_counter() - t0
-    log(f"ray: {'connected to ' + address if address else 'a local Ray instance started'} in "
-        f"{outcome.startup_s:.1f} s; cluster resources {ray.cluster_resources()}")  # fmt: skip
+def _run_on_ray(ray, suite, out: Path, todo, outcome: SweepOutcome, log) -> None:
     resources = _ray_resources(suite)
     first = ray.remote(max_retries=0, **resources)(_ray_unit)
     # a retry always starts a fresh worker process (max_calls=1: the process ends after it)
@@ -375,9 +368,6 @@ def _run_on_ray(ray, suite, out: Path, todo, outcome: SweepOutcome, address, log
         for ref in by_ref:
             ray.cancel(ref, force=True)
         raise
-    finally:
-        if started_here:
-            ray.shutdown()
 
 
 def _ray_error(e: BaseException) -> str:

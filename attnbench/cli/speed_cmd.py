@@ -383,13 +383,9 @@ def run_units(suite, out_dir: Path, executor: str, shard, resume: bool, overwrit
         err.print(f"[yellow]warning:[/yellow] {len(outcome.failed)} units failed twice "
                   f"({', '.join(outcome.failed[:5])}): their cases are error rows; --resume "
                   "runs them again")  # fmt: skip
-    return merge_runs([out_dir], out_dir, command=shlex.join(_argv()))
-
-
-def _argv() -> list[str]:
     from attnbench.bench.run import command_line
 
-    return command_line()
+    return merge_runs([out_dir], out_dir, command=shlex.join(command_line()))
 
 
 def speed(

@@ -23,8 +23,7 @@ from attnbench.engines import (
     check_fits,
     died_reason,
     inject_fault,
-    require_ray,
-    start_ray,
+    ray_session,
 )
 from attnbench.errors import AttnbenchError
 
@@ -172,13 +171,12 @@ def train_on_ray(jobs, train_stream: Tensor, threads: int, device: torch.device,
     """Each training a Ray task (one GPU each on a GPU; ``threads`` CPUs each on a CPU). A task
     whose process dies is retried once in a fresh process, from its last checkpoint; a training
     that fails twice fails alone, and is reported once the others are done."""
-    ray = require_ray()
-    t0 = time.perf_counter()
-    started_here = not ray.is_initialized()
-    if started_here:
-        start_ray(ray, address)
-    log(f"ray: {'joined ' + address if address else 'a local Ray instance started'} in "
-        f"{time.perf_counter() - t0:.1f} s; {len(jobs)} trainings as tasks")  # fmt: skip
+    with ray_session(address, log) as ray:
+        log(f"{len(jobs)} trainings as Ray tasks")
+        return _train_tasks(ray, jobs, train_stream, threads, device, log)
+
+
+def _train_tasks(ray, jobs, train_stream, threads, device, log) -> set[Path]:
     if device.type == "cuda":
         resources = {"num_gpus": 1, "num_cpus": 1}
     else:
@@ -219,9 +217,6 @@ def train_on_ray(jobs, train_stream: Tensor, threads: int, device: torch.device,
         for ref in pending:
             ray.cancel(ref, force=True)
         raise
-    finally:
-        if started_here:
-            ray.shutdown()
     if failed:
         raise AttnbenchError(
             f"{len(failed)} of {len(jobs)} trainings failed twice: {'; '.join(failed)}; the "
