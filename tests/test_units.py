@@ -244,3 +244,12 @@ def test_the_slurm_scripts_run_an_array_then_merge(tmp_path):
     done = subprocess.run(["bash", str(scripts / "speed.sbatch"), str(out)], env=os.environ,
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode != 0 and "sbatch --array" in done.stderr
+
+
+@pytest.mark.parametrize("command", ["speed", "extrapolate"])
+def test_help_names_the_ray_extra_whole(command):
+    """Rich markup must not eat the [ray] of the install command the help prints."""
+    res = runner.invoke(app, ["run", command, "--help"])
+    assert res.exit_code == 0
+    words = res.output.replace("│", " ").split()  # the help box wraps lines inside borders
+    assert 'pip install "attnbench[ray]"' in " ".join(words)

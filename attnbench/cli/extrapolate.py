@@ -121,7 +121,7 @@ def extrapolate(
         str,
         typer.Option(
             help="Where the trainings run: local (worker processes here) or ray (a Ray task "
-            'each; pip install "attnbench[ray]").'
+            'each; pip install "attnbench\\[ray]").'
         ),
     ] = "local",
     ray_address: Annotated[

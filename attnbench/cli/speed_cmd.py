@@ -450,7 +450,7 @@ def speed(
         str | None,
         typer.Option(
             help="Run unit by unit, each unit in a worker process: local (one worker here) or "
-            'ray (one Ray task per unit; pip install "attnbench[ray]").'
+            'ray (one Ray task per unit; pip install "attnbench\\[ray]").'
         ),
     ] = None,
     shard: Annotated[

@@ -356,12 +356,18 @@ def _score(model: nn.Module, x: Tensor, xm: Tensor, res: EvalResult, guard, m: i
     device = next(model.parameters()).device
     x, xm = x.to(device), xm.to(device)
     inputs = x.masked_fill(xm, MASK_ID)  # (b, m)
-    hidden = model(inputs)  # (b, m, C)
+    try:
+        hidden = model.hidden_at(inputs, xm)  # (N, C): the masked positions only
+    except (IndexError, RuntimeError):  # a length mismatch inside: say so if it is one
+        guard.expect(m)
+        raise
     guard.expect(m)
-    if hidden.shape[:2] != x.shape:
-        raise LengthCheckError(f"model returned {tuple(hidden.shape)} for input {tuple(x.shape)}")
-    logits = model.logits(hidden[xm])  # (N, 256)
     targets = x[xm]  # (N,)
+    if hidden.shape[0] != targets.numel():
+        raise LengthCheckError(
+            f"model returned {hidden.shape[0]} hidden states for {targets.numel()} masked tokens"
+        )
+    logits = model.logits(hidden)  # (N, 256)
     res.masked += targets.numel()
     right = (logits.argmax(-1) == targets).cpu()  # (N,)
     if targets.numel():

@@ -10,6 +10,12 @@ match one attention + FFN block in parameters, the FLASH paper's convention).
 
 Tokens ``[B, T]`` (byte ids 0..255, :data:`MASK_ID` for a masked position) -> hidden states
 ``[B, T, C]``; :meth:`MLMEncoder.logits` maps selected hidden states ``[N, C]`` to ``[N, 256]``.
+
+The loss and the accuracy read the masked positions only, so training and evaluation call
+:meth:`MLMEncoder.hidden_at`: the same numbers as ``forward(tokens)[mask]``, but the last block's
+FFN and the final LayerNorm, which act on each position alone, run on the masked rows only (15 %
+of them). In the ``cpu`` preset that is a third of the model's matmul work, and a training step
+takes about 30 % less time. The last block's mixer still reads every position.
 """
 
 from __future__ import annotations
@@ -132,6 +138,14 @@ class Block(nn.Module):
             x = x + self.ffn(self.norm2(x))  # (B, T, C)
         return x
 
+    def forward_at(self, x: Tensor, rows: Tensor) -> Tensor:
+        """``forward(x)[rows]`` ([N, C]; ``rows`` [B, T] bool): the mixer reads every position,
+        the FFN (pointwise) runs on the N selected rows only."""
+        x = (x + self.mixer(self.norm1(x)))[rows]  # (N, C)
+        if self.ffn is not None:
+            x = x + self.ffn(self.norm2(x))  # (N, C)
+        return x
+
 
 class MLMEncoder(nn.Module):
     """Byte-level bidirectional encoder; see the module docstring. ``blocks`` defaults to
@@ -160,6 +174,15 @@ class MLMEncoder(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.norm(x)
+
+    def hidden_at(self, tokens: Tensor, rows: Tensor) -> Tensor:
+        """``forward(tokens)[rows]`` -> [N, C] (``rows`` [B, T] bool, N of them set), computing
+        the last block's FFN and the final norm on those rows only (see the module docstring)."""
+        x = self.embed(tokens)  # (B, T, C)
+        *early, last = self.blocks
+        for block in early:
+            x = block(x)
+        return self.norm(last.forward_at(x, rows))  # (N, C)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden [..., C] -> byte logits [..., 256] (only for the positions that need them)."""

@@ -137,9 +137,10 @@ class BatchSampler:
 
 
 def masked_loss(model: nn.Module, inputs: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
-    """Mean cross-entropy over the masked positions; the classifier only sees those."""
-    hidden = model(inputs)  # (B, L, C)
-    return F.cross_entropy(model.logits(hidden[mask]), targets)  # logits (N, 256)
+    """Mean cross-entropy over the masked positions; only those go through the last FFN and the
+    classifier (``MLMEncoder.hidden_at``)."""
+    hidden = model.hidden_at(inputs, mask)  # (N, C)
+    return F.cross_entropy(model.logits(hidden), targets)  # logits (N, 256)
 
 
 def share_loss(
@@ -156,8 +157,8 @@ def share_loss(
     inputs = inputs[share].to(device, non_blocking=True)  # (b, L)
     mask = mask[share].to(device, non_blocking=True)  # (b, L)
     targets = targets[first : first + count].to(device, non_blocking=True)  # (n,)
-    hidden = model(inputs)  # (b, L, C)
-    logits = model.logits(hidden[mask])  # (n, 256)
+    hidden = model.hidden_at(inputs, mask)  # (n, C)
+    logits = model.logits(hidden)  # (n, 256)
     return F.cross_entropy(logits, targets, reduction="sum") / total
 
 
