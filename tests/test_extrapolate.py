@@ -577,6 +577,33 @@ def test_trick_sdpa_path_matches_dense(name):
     assert torch.allclose(fast, dense, atol=1e-10, rtol=1e-9)
 
 
+def test_trick_rows_take_the_dense_path_only_for_the_entropy_windows(monkeypatch):
+    """The entropy probe hands TrickMixer its hook only while active: the probed windows go
+    through the dense path (which exposes the probabilities), the rest through SDPA. Accuracy,
+    loss and entropy equal an evaluation forced dense everywhere (float64)."""
+    heldout = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
+    stream = make_eval_stream(heldout.to(torch.uint8), (("t", 0, 4096),), (64,), 512, 64, 0.15, 3)
+    model = _swap(_tiny_model(), parse_tricks("logn", 16)).double()
+    shapes = []
+    dense = TrickMixer.dense
+    monkeypatch.setattr(
+        TrickMixer, "dense", lambda self, q, k, v: shapes.append(q.shape[0]) or dense(self, q, k, v)
+    )
+    fast = evaluate(model, stream, 64, batch_tokens=128, entropy_tokens=128)
+    # 2 probed windows (128 tokens at n = 64) in batches of 2, through 2 layers: 2 dense calls
+    assert shapes == [2, 2]
+    for layer in model.blocks:
+        assert layer.mixer.probs_hook is None
+    shapes.clear()
+    for layer in model.blocks:
+        layer.mixer.force_dense = True
+    slow = evaluate(model, stream, 64, batch_tokens=128, entropy_tokens=128)
+    assert len(shapes) == 2 * 4  # every one of the 8 windows, 4 batches x 2 layers
+    assert (fast.correct, fast.masked) == (slow.correct, slow.masked) and fast.masked > 0
+    assert fast.loss_sum == pytest.approx(slow.loss_sum, rel=1e-12)
+    assert fast.entropy == pytest.approx(slow.entropy, rel=1e-12) and None not in fast.entropy
+
+
 def test_a_mechanism_failing_at_some_length_gets_an_error_row(monkeypatch, tmp_path):
     """A mechanism that cannot run at a length yields status=error rows with the reason, never a
     dropped row or a NaN passed off as a result."""
