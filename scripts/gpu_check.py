@@ -199,21 +199,24 @@ def _has_module(name: str) -> bool:
 def suite_text(
     name: str, mechanisms: list[str], lengths: list[int], head_dims: list[int],
     causal: list[bool], reference: str, dry: bool, params: dict[str, dict] | None = None,
+    tokens: int = 16384, hidden: int = 2048, order: str = "rotate",
+    directions: tuple[str, ...] = ("fwd", "fwdbwd"), group_budget_s: float = 10.0,
 ) -> str:  # fmt: skip
-    """A speed suite file: flash-attention's sweep shape (16k tokens a batch, hidden 2048), bf16
-    on CUDA; in dry mode float32 on the CPU with tiny lengths and shapes."""
+    """A speed suite file: by default flash-attention's sweep shape (16k tokens a batch, hidden
+    2048), bf16 on CUDA; in dry mode float32 on the CPU with tiny lengths and shapes."""
     if dry:
         lengths, head_dims = [64, 128], [32]
         device, dtype, tokens, hidden = "cpu", "float32", 256, 64
+        group_budget_s = 2.0
     else:
-        device, dtype, tokens, hidden = "cuda", "bfloat16", 16384, 2048
+        device, dtype = "cuda", "bfloat16"
     lines = [
         f'name = "{name}"',
         "[grid]",
         f"mechanisms = {json.dumps(mechanisms)}",
         f'device = "{device}"',
         f'dtypes = ["{dtype}"]',
-        'directions = ["fwd", "fwdbwd"]',
+        f"directions = {json.dumps(list(directions))}",
         f"causal = {json.dumps(causal)}",
         f"lengths = {json.dumps(lengths)}",
         f'reference = "{reference}"',
@@ -229,8 +232,9 @@ def suite_text(
         f"rounds = {3 if dry else 10}",
         "min_rounds = 3",
         f"block_s = {0.002 if dry else 0.02}",
-        f"group_budget_s = {2.0 if dry else 10.0}",
+        f"group_budget_s = {group_budget_s}",
         f"matmul_size = {256 if dry else 8192}",
+        f'order = "{order}"',
     ]
     for mech, values in (params or {}).items():
         lines.append(f"[params.{mech}]")
@@ -238,24 +242,29 @@ def suite_text(
     return "\n".join(lines) + "\n"
 
 
-def speed_step(ctx: Context, name: str, cpu_mechanisms: list[str], **suite) -> int:
+def speed_step(ctx: Context, name: str, cpu_mechanisms: list[str], sub: str = "",
+               budget_s: float | None = None, **suite) -> int:  # fmt: skip
+    """One speed sweep: its suite file, results and log in ``OUT/<step>/[sub/]``."""
     if ctx.dry:  # the CPU has no fused paths: the same step shape with CPU paths
         suite["mechanisms"] = cpu_mechanisms
         suite["reference"] = cpu_mechanisms[0]
-    path = ctx.out / "suite.toml"
+    where = ctx.out / sub if sub else ctx.out
+    where.mkdir(parents=True, exist_ok=True)
+    path = where / "suite.toml"
     path.write_text(suite_text(name, dry=ctx.dry, **suite))
-    cmd = ctx.attnbench("run", "speed", "--suite", str(path), "--out", str(ctx.out / "results"),
+    cmd = ctx.attnbench("run", "speed", "--suite", str(path), "--out", str(where / "results"),
                         "--overwrite")  # fmt: skip
+    budget = ctx.budget_s if budget_s is None else budget_s
     started = time.perf_counter()
-    code = run(ctx, "speed", cmd)
+    code = run(ctx, f"{sub or 'speed'}", cmd, budget_s=budget)
     for attempt in range(1, 4):
         # 75: a sticky CUDA error ended the sweep; its process's CUDA context is gone, so the
         # rest runs in a fresh process, keeping every finished row (--resume).
-        left = ctx.budget_s - (time.perf_counter() - started)
+        left = budget - (time.perf_counter() - started)
         if code != STICKY_EXIT or left < 30:
             break
         resume = [c for c in cmd if c != "--overwrite"] + ["--resume"]
-        code = run(ctx, f"speed-resume{attempt}", resume, budget_s=left)
+        code = run(ctx, f"{sub or 'speed'}-resume{attempt}", resume, budget_s=left)
     return code
 
 
@@ -263,37 +272,172 @@ def speed_step(ctx: Context, name: str, cpu_mechanisms: list[str], **suite) -> i
 STICKY_EXIT = 75
 
 
+#: The four SDPA backends: SDPA's own choice and the three pinned ones.
+DENSE = ["softmax:efficient", "softmax:sdpa-flash", "softmax:sdpa-efficient", "softmax:sdpa-cudnn"]
+#: The dense references every sparse or linear path is judged against: flash alone flatters
+#: them, since cuDNN (SDPA's default on Hopper) is about twice as fast.
+DENSE_REFS = ["softmax:sdpa-flash", "softmax:sdpa-cudnn"]
+
+
 def step_dense(ctx: Context) -> int:
+    """The four SDPA backends, causal and bidirectional, 1k..64k, head dims 64 and 128."""
     return speed_step(
         ctx, "gpu-dense",
         ["softmax:efficient", "softmax-logn:efficient"],
-        mechanisms=["softmax:efficient", "softmax:sdpa-flash", "softmax:sdpa-efficient",
-                    "softmax:sdpa-cudnn", "softmax-logn:flex"],
-        lengths=[1024, 4096, 16384], head_dims=[64, 128], causal=[False, True],
-        reference="softmax:sdpa-flash",
+        mechanisms=DENSE,
+        lengths=[1024, 4096, 16384, 65536], head_dims=[128, 64], causal=[False, True],
+        reference="softmax:sdpa-cudnn", group_budget_s=6.0,
     )  # fmt: skip
 
 
 def step_sparse(ctx: Context) -> int:
+    """FlexAttention patterns at 8k and 32k against both dense references (bidirectional)."""
     return speed_step(
         ctx, "gpu-sparse",
         ["softmax:efficient", "local:efficient", "atrous:efficient"],
-        mechanisms=["softmax:sdpa-flash", "local:flex", "bigbird:flex", "longnet:flex",
-                    "atrous:flex"],
+        mechanisms=[*DENSE_REFS, "local:flex", "bigbird:flex", "longnet:flex", "atrous:flex",
+                    "softmax-logn:flex"],
         lengths=[8192, 32768], head_dims=[128], causal=[False],
         reference="softmax:sdpa-flash", params={"local": {"window": 512}},
     )  # fmt: skip
 
 
 def step_triton(ctx: Context) -> int:
+    """Causal linear attention and retention (Triton, chunkwise) against causal dense flash and
+    cuDNN at 1k..64k: where each crosses over; and the Triton GAU kernel."""
     return speed_step(
         ctx, "gpu-triton",
         ["softmax:efficient", "linear:chunkwise", "retention:chunkwise"],
-        mechanisms=["softmax:sdpa-flash", "gau:triton", "flash:triton", "linear:triton",
-                    "retention:triton"],
-        lengths=[8192, 65536], head_dims=[128], causal=[True],
-        reference="softmax:sdpa-flash",
+        mechanisms=[*DENSE_REFS, "linear:triton", "retention:triton", "gau:triton"],
+        lengths=[1024, 4096, 16384, 65536], head_dims=[128], causal=[True],
+        reference="softmax:sdpa-cudnn", group_budget_s=6.0,
     )  # fmt: skip
+
+
+def step_flash_batch1(ctx: Context) -> int:
+    """FLASH (Triton) at batch 1, n = 8k and 64k: time(64k) / time(8k), linear would be 8."""
+    return speed_step(
+        ctx, "gpu-flash-batch1",
+        ["softmax:efficient", "flash:efficient"],
+        mechanisms=["flash:triton", *DENSE_REFS],
+        lengths=[8192, 65536], head_dims=[128], causal=[False, True],
+        reference="", tokens=1,
+    )  # fmt: skip
+
+
+def step_order(ctx: Context) -> int:
+    """Does the place in a timing round bias a ratio? The same dense cases timed with the
+    round's order fixed, reversed and rotated (three runs, one after the other)."""
+    worst = 0
+    for order in ("fixed", "reversed", "rotate"):
+        code = speed_step(
+            ctx, f"gpu-order-{order}",
+            ["softmax:efficient", "softmax-logn:efficient"], sub=order,
+            budget_s=ctx.budget_s / 3,
+            mechanisms=["softmax:efficient", "softmax:sdpa-cudnn", "softmax:sdpa-flash"],
+            lengths=[4096, 16384], head_dims=[128], causal=[False],
+            reference="softmax:sdpa-cudnn", order=order, group_budget_s=8.0,
+        )  # fmt: skip
+        worst = worst or code
+    return worst
+
+
+def step_paper_rows(ctx: Context) -> int:
+    """The fused forward of each extrapolation row's attention at the paper model's shape
+    (hidden 384, 6 heads of 64, bf16, 32k tokens a batch as in its evaluation), n = 64..4096:
+    O and its RoPE variants (NTK, PI, YaRN: the same attention) run softmax, O+logn and E
+    softmax-logn, O+local local (window L/2 = 32)."""
+    return speed_step(
+        ctx, "gpu-paper-rows",
+        ["softmax:efficient", "softmax-logn:efficient", "local:efficient"],
+        mechanisms=["softmax:efficient", "softmax:sdpa-cudnn", "softmax:sdpa-flash",
+                    "softmax-logn:sdpa-cudnn", "softmax-logn:flex", "local:flex"],
+        lengths=[64, 128, 256, 512, 1024, 2048, 4096], head_dims=[64], causal=[False],
+        reference="softmax:sdpa-cudnn", params={"local": {"window": 32}},
+        tokens=32768, hidden=384, directions=("fwd",), group_budget_s=3.0,
+    )  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------
+# Step 8: what costs the time (torch.profiler)
+# --------------------------------------------------------------------------------------------
+
+#: (mechanism:path, n, causal, batch): the slow paths whose time a profile explains.
+PROFILED = [("linear:triton", 8192, True, 2), ("flash:triton", 16384, False, 1)]
+
+
+def step_profile(ctx: Context) -> int:
+    """One call each of PROFILED (forward, then forward+backward), after warm-up, under
+    torch.profiler: the top kernels by GPU time in ``<name>.txt`` and ``<name>.csv``."""
+    cmd = [ctx.python, str(Path(__file__).resolve()), "_profile", str(ctx.out)]
+    if ctx.dry:
+        cmd.append("--dry-run")
+    return run(ctx, "profile", cmd)
+
+
+def profile_main(out: Path, dry: bool) -> int:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnbench import registry
+    from attnbench.inputs import make_inputs
+    from attnbench.spec import Shape
+
+    device = "cpu" if dry else "cuda"
+    dtype = torch.float32 if dry else torch.bfloat16
+    activities = [ProfilerActivity.CPU] + ([] if dry else [ProfilerActivity.CUDA])
+    for item, n, causal, batch in PROFILED:
+        name, path_name = item.split(":")
+        mech = registry.get(name)
+        if dry:  # a CPU path of the same mechanism
+            path_name = next(p.name for p in mech.paths if p.kind != "fused")
+            n = 256
+        fn = mech.path(path_name)
+        params = mech.defaults
+        shape = mech.shape_for(Shape(batch, 16 if not dry else 2, n, 128 if not dry else 32),
+                               params)  # fmt: skip
+        x = make_inputs(mech, shape, params, dtype=dtype, device=device, requires_grad=True)
+        leaves = [t for t in x.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+        for direction in ("fwd", "fwdbwd"):
+
+            def call(fn=fn, x=x, causal=causal, params=params, leaves=leaves, bwd=direction):
+                out_ = fn(**x, causal=causal, **params)
+                if bwd == "fwdbwd":
+                    torch.autograd.grad(out_, leaves, torch.ones_like(out_))
+                return out_
+
+            for _ in range(3):  # compile, autotune, settle
+                call()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            with profile(activities=activities) as prof:
+                call()
+                if device == "cuda":
+                    torch.cuda.synchronize()
+            averages = prof.key_averages()
+            table = None
+            for key in ("device_time_total", "cuda_time_total", "cpu_time_total"):
+                try:  # the name of the GPU-time column changed across torch versions
+                    table = averages.table(sort_by=key, row_limit=25)
+                    break
+                except (AttributeError, KeyError, ValueError):
+                    continue
+            tag = f"{name}-{path_name}-{'causal' if causal else 'bidir'}-n{n}-{direction}"
+            (out / f"{tag}.txt").write_text(
+                f"# {item} n={n} causal={causal} batch={batch} heads={shape.heads} "
+                f"head_dim={shape.head_dim} {dtype} {direction}: one call after 3 warm-ups\n"
+                + table
+                + "\n"
+            )
+            rows = ["name,calls,device_time_total_us,cpu_time_total_us"]
+            for e in averages:
+                dev = getattr(e, "device_time_total", None)
+                if dev is None:
+                    dev = getattr(e, "cuda_time_total", 0.0)
+                rows.append(f'"{e.key}",{e.count},{dev:.1f},{e.cpu_time_total:.1f}')
+            (out / f"{tag}.csv").write_text("\n".join(rows) + "\n")
+            print(f"{tag}: written")
+    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -329,6 +473,10 @@ STEPS: dict[str, tuple[int, Callable[[Context], int]]] = {
     "sparse": (4, step_sparse),
     "triton": (5, step_triton),
     "extrapolate": (6, step_extrapolate),
+    "flash-batch1": (7, step_flash_batch1),
+    "profile": (8, step_profile),
+    "order": (9, step_order),
+    "paper-rows": (10, step_paper_rows),
 }
 
 
@@ -343,6 +491,9 @@ def resolve(step: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["_profile"]:  # step 8's worker process
+        return profile_main(Path(argv[1]), "--dry-run" in argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("step", help="a step number or name, or 'all'")
     ap.add_argument("out", type=Path, help="output folder (one subfolder per step)")

@@ -145,6 +145,36 @@ def test_flex_block_mask_is_built_once_per_key():
     assert flex.block_mask_for(None, 33, False, {}, torch.device("cpu")) is None
 
 
+def test_flex_compile_cache_is_reset_before_dynamo_limit(monkeypatch):
+    """A single process meeting many signatures (a test session, a long sweep) starts the
+    compile cache afresh before dynamo's per-function limit, never at a repeated signature."""
+    import torch._dynamo
+
+    resets = []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: resets.append(1))
+    monkeypatch.setattr(flex, "_signatures", set())
+    half = flex.RECOMPILE_LIMIT // 2
+    for i in range(half):
+        assert not flex.note_signature(("sig", i))
+    assert not flex.note_signature(("sig", 0))  # seen: no new cache entry
+    assert not resets
+    assert flex.note_signature(("sig", half))  # the next new one resets first
+    assert resets == [1] and flex._signatures == {("sig", half)}
+    for i in range(10 * flex.RECOMPILE_LIMIT):
+        flex.note_signature(("more", i))
+        assert len(flex._signatures) <= half
+
+
+def test_flex_signature_tells_apart_what_dynamo_guards_on():
+    q = torch.randn(1, 2, 8, 4)
+    base = flex._signature(q, q, q, "rule")
+    assert flex._signature(q.clone(), q, q, "rule") == base
+    assert flex._signature(q.half(), q, q, "rule") != base
+    assert flex._signature(q.transpose(-1, -2).contiguous().transpose(-1, -2), q, q, "rule") != base
+    assert flex._signature(q.requires_grad_(), q, q, "rule") != base
+    assert flex._signature(q, q, q, "other") != base
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 def test_logn_flex_path_matches_reference_forward(causal):
     mech = registry.get("softmax-logn")

@@ -22,13 +22,19 @@ def test_runbook_every_step_in_dry_mode(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
-    for number, name in enumerate(
-        ["env", "tests-fused", "tests-flex", "dense", "sparse", "triton", "extrapolate"]
-    ):
+    steps = ["env", "tests-fused", "tests-flex", "dense", "sparse", "triton", "extrapolate",
+             "flash-batch1", "profile", "order", "paper-rows"]  # fmt: skip
+    for number, name in enumerate(steps):
         assert (tmp_path / f"{number}-{name}" / "DONE").is_file(), done.stdout
-    for step in ("3-dense", "4-sparse", "5-triton"):
+    sweeps = ["3-dense", "4-sparse", "5-triton", "7-flash-batch1", "10-paper-rows"]
+    sweeps += [f"9-order/{order}" for order in ("fixed", "reversed", "rotate")]
+    for step in sweeps:
         rows = (tmp_path / step / "results" / "results.csv").read_text().splitlines()
         assert len(rows) > 1 and all(",error," not in r for r in rows), step
+    profiles = sorted(p.name for p in (tmp_path / "8-profile").glob("*.txt"))
+    assert len(profiles) == 4 and all("fwd" in p for p in profiles), profiles
+    assert 'order = "fixed"' in (tmp_path / "9-order" / "fixed" / "suite.toml").read_text()
+    assert 'order = "reversed"' in (tmp_path / "9-order" / "reversed" / "suite.toml").read_text()
     assert "collected" in (tmp_path / "1-tests-fused" / "pytest.log").read_text()
     # Resume: a finished step is not run again.
     again = subprocess.run(
@@ -40,10 +46,10 @@ def test_runbook_every_step_in_dry_mode(tmp_path):
 
 def test_runbook_rejects_an_unknown_step(tmp_path):
     done = subprocess.run(
-        [sys.executable, "scripts/gpu_check.py", "7", str(tmp_path)],
+        [sys.executable, "scripts/gpu_check.py", "77", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert done.returncode != 0 and "unknown step '7'" in done.stderr
+    assert done.returncode != 0 and "unknown step '77'" in done.stderr
 
 
 def test_chunk_kernel_retries_with_one_stage_when_shared_memory_runs_out(monkeypatch):

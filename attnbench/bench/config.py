@@ -18,7 +18,7 @@ import torch
 from attnbench import registry
 from attnbench.errors import AttnbenchError, unknown
 from attnbench.measure import machine
-from attnbench.measure.timing import TimingPolicy
+from attnbench.measure.timing import ORDERS, TimingPolicy
 from attnbench.spec import PATH_KINDS, Mechanism, PathSpec
 from attnbench.tomlconfig import Key, SuiteText, find_suite, load, read_table
 
@@ -197,6 +197,15 @@ TIMING = {
         False,
         "keep freed memory in the process (glibc), so no call pays the kernel for fresh pages: "
         "steadier CPU times for paths that allocate big temporaries (the CI grid uses it)",
+    ),
+    "order": Key(
+        "str",
+        "rotate",
+        "the order of each timed round: `rotate` (the matmul and the cases, one place further "
+        "on each round, so none keeps a position), `fixed`, `reversed` or `shuffle` (seeded); "
+        "for checking that a ratio does not depend on the order",
+        accepted=", ".join(ORDERS),
+        valid=lambda x: x in ORDERS,
     ),
     "clock": Key(
         "str",
@@ -377,6 +386,7 @@ def parse_suite(text: SuiteText, mechanisms: Sequence[Mechanism] | None = None) 
             group_budget_s=timing["group_budget_s"],
             clock=timing["clock"],
             retain_memory=timing["retain_memory"],
+            order=timing["order"],
         ),
         matmul_size=timing["matmul_size"],
         params={k: dict(v) for k, v in params.items()},

@@ -67,6 +67,7 @@ from attnbench.measure.timing import (
     block_calls,
     per_round_ratios,
     retain_freed_memory,
+    round_order,
     stats,
     warm_up,
 )
@@ -201,7 +202,7 @@ class Silent:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: a group's members are distinct objects
 class _Member:
     """A case being timed within its group."""
 
@@ -474,24 +475,30 @@ class _Runner:
         return cache[key]
 
     def _time(self, members: list[_Member], anchor: MatmulAnchor, block: int) -> list[float]:
-        """Interleaved rounds: the matmul, then every live member, once per round; rounds go on
-        until ``group_budget_s`` has elapsed (at least ``min_rounds``, at most ``rounds``), so
-        the rounds a group gets follow what its rounds really took on this machine, now."""
+        """Interleaved rounds: the matmul and every live member, once per round, in the order
+        of ``[timing] order`` (default: rotated one place each round, so no member keeps the
+        first or the last place; :func:`round_order`); rounds go on until ``group_budget_s``
+        has elapsed (at least ``min_rounds``, at most ``rounds``), so the rounds a group gets
+        follow what its rounds really took on this machine, now."""
         policy = self.suite.timing
-        live = list(members)
-        anchor_samples = []
+        anchor_samples: list[float] = []
         started = time.perf_counter()
         for r in range(policy.rounds):
             if r >= policy.min_rounds and time.perf_counter() - started >= policy.group_budget_s:
                 break
             self.reporter.note(f"round {r + 1}")
-            anchor_samples.append(self.clock.time_block(anchor, block))
-            for m in list(live):
+            slots: list[_Member | None] = [None, *members]  # None: the matmul
+            for i in round_order(len(slots), r, policy.order):
+                m = slots[i]
+                if m is None:
+                    anchor_samples.append(self.clock.time_block(anchor, block))
+                    continue
+                if m not in members:  # failed earlier in this round
+                    continue
                 try:
                     m.samples.append(self.clock.time_block(m.call, m.block))
                     continue
                 except Exception as e:
-                    live.remove(m)
                     members.remove(m)
                     self._fail(m.case, e)
                 free_memory(self.device)

@@ -79,6 +79,10 @@ class RunConfig:
     device: str = "auto"  # "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:1"...
     ckpt_every: int = 500  # steps between periodic checkpoints
     holdout: float = 0.1  # last share of the corpus kept for evaluation
+    #: Steps between measurements of the held-out loss during training (0: none); on a fixed
+    #: probe of ``heldout_windows`` held-out windows at the training length (the curves CSV).
+    heldout_every: int = 250
+    heldout_windows: int = 256
     corpus: str = ""  # a text file or folder; "" is the shipped Shakespeare
 
     def check(self) -> None:
@@ -92,6 +96,9 @@ class RunConfig:
             raise AttnbenchError(f"invalid parallel={self.parallel}; accepted: >= 0 (0: auto)")
         if self.ckpt_every < 0:
             raise AttnbenchError(f"invalid ckpt_every={self.ckpt_every}; accepted: >= 0")
+        for name in ("heldout_every", "heldout_windows"):
+            if getattr(self, name) < 0:
+                raise AttnbenchError(f"invalid {name}={getattr(self, name)}; accepted: >= 0")
         if not 0.0 < self.holdout < 1.0:
             raise AttnbenchError(f"invalid holdout={self.holdout}; accepted: a fraction in (0, 1)")
         if not (self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps")):

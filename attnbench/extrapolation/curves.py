@@ -31,7 +31,8 @@ from typing import Any, TextIO
 from attnbench.errors import AttnbenchError
 from attnbench.extrapolation.train import CurvePoint, TrainConfig, lr_at
 
-COLUMNS = ("variant", "seed", "step", "loss", "lr", "tokens_per_s", "train_time_s")
+COLUMNS = ("variant", "seed", "step", "loss", "lr", "tokens_per_s", "train_time_s",
+           "heldout_loss")  # fmt: skip
 #: The columns that make a CSV a curves CSV (what ``attnbench plot`` looks for).
 REQUIRED = ("variant", "seed", "step", "loss")
 CURVES_DIR = "curves"
@@ -54,9 +55,10 @@ def history_points(history: Iterable[Sequence[float]], cfg: TrainConfig) -> list
     """A checkpoint's history as points. Checkpoints from before the curves hold (step, loss)
     pairs: their learning rate is the schedule's, their rate and time unknown (NaN)."""
     points = []
+    full = len(CurvePoint._fields)
     for entry in history:
-        if len(entry) >= len(CurvePoint._fields):
-            points.append(CurvePoint(*entry[: len(CurvePoint._fields)]))
+        if len(entry) >= full - 1:  # with or without the held-out loss (added later)
+            points.append(CurvePoint(*entry[:full]))
         else:
             step, loss = int(entry[0]), float(entry[1])
             points.append(CurvePoint(step, loss, lr_at(step - 1, cfg), math.nan, math.nan))
@@ -171,9 +173,11 @@ def combine(curve_files: Iterable[Path], out: Path) -> Path | None:
             continue
         with path.open(newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
-            if tuple(next(reader, ())) != COLUMNS:
-                continue
-            rows += [r for r in reader if len(r) == len(COLUMNS)]
+            header = tuple(next(reader, ()))
+            if header != COLUMNS[: len(header)] or not set(REQUIRED) <= set(header):
+                continue  # not a curve file (one from before a column was added is kept)
+            pad = [""] * (len(COLUMNS) - len(header))
+            rows += [r + pad for r in reader if len(r) == len(header)]
     if not rows:
         return None
     tmp = out.with_name(out.name + ".tmp")
@@ -217,7 +221,7 @@ def read_curves(path: Path | str) -> Any:
         )
     try:
         df = pd.read_csv(path, dtype={"variant": str})
-        for column in ("step", "loss", *(c for c in ("lr",) if c in df)):
+        for column in ("step", "loss", *(c for c in ("lr", "heldout_loss") if c in df)):
             df[column] = pd.to_numeric(df[column])
     except (pd.errors.ParserError, ValueError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -267,13 +271,17 @@ def _draw(df: Any, target: Path, title: str) -> None:
         style = styles[int(seed) % len(styles)] if str(seed).lstrip("-").isdigit() else "-"
         kw = {"color": colors[variant], "linestyle": style, "linewidth": 1.2}
         loss_ax.plot(curve["step"], curve["loss"], label=f"{variant} seed {seed}", **kw)
+        probe = curve[curve["heldout_loss"].notna()] if "heldout_loss" in curve else curve[:0]
+        if not probe.empty:
+            loss_ax.plot(probe["step"], probe["heldout_loss"], marker="o", markersize=3,
+                         label=f"{variant} seed {seed}, held-out", **kw)  # fmt: skip
         if has_lr:
             axes[1][0].plot(curve["step"], curve["lr"], **kw)
     loss_ax.set_yscale("log")
     plain_numbers = FuncFormatter(lambda y, _: f"{y:g}")
     loss_ax.yaxis.set_major_formatter(plain_numbers)
     loss_ax.yaxis.set_minor_formatter(plain_numbers)
-    loss_ax.set_ylabel("training loss (masked tokens)")
+    loss_ax.set_ylabel("loss (masked tokens): training; held-out (markers)")
     loss_ax.set_title(title)
     loss_ax.grid(True, which="both", alpha=0.3)
     loss_ax.legend(fontsize=8, ncol=2)

@@ -49,7 +49,13 @@ from attnbench.extrapolation.config import (
 from attnbench.extrapolation.evaluate import EvalStream, evaluate, make_eval_stream
 from attnbench.extrapolation.model import MLMEncoder, build_model
 from attnbench.extrapolation.progress import LineProgress, NoProgress, TrainProgress
-from attnbench.extrapolation.train import HISTORY_EVERY, check_key, load_checkpoint, train
+from attnbench.extrapolation.train import (
+    HISTORY_EVERY,
+    HeldoutProbe,
+    check_key,
+    load_checkpoint,
+    train,
+)
 from attnbench.extrapolation.tricks import TrickMixer
 from attnbench.measure import machine
 from attnbench.outputs import ensure_dir
@@ -171,7 +177,9 @@ def _quiet(msg: str) -> None:
 class Plan:
     """Which (variant, seed) to train, resume or only evaluate, decided before any work."""
 
-    def __init__(self, cfg, variants, seeds, corpus_sha, opts: RunOptions):
+    def __init__(self, cfg, variants, seeds, corpus_sha, opts: RunOptions,
+                 probe: HeldoutProbe | None = None):  # fmt: skip
+        self.probe = probe  # the held-out loss of the training curves
         self.entries: list[tuple[TrainedVariant, int, Path, dict, dict | None]] = []
         existing = []
         for index, (seed, v) in enumerate((s, v) for s in seeds for v in variants):
@@ -267,7 +275,15 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         opts.log("note: CUDA float32 matmuls run as TF32 (torch.backends.cuda.matmul.allow_tf32)")
-    plan = Plan(cfg, variants, seeds, corpus.sha256, opts)
+    probe = HeldoutProbe.from_stream(
+        heldout,
+        cfg.model.train_len,
+        cfg.run.heldout_windows,
+        cfg.train.mask_prob,
+        cfg.eval.seed,
+        cfg.run.heldout_every,
+    )
+    plan = Plan(cfg, variants, seeds, corpus.sha256, opts, probe)
 
     ensure_dir(opts.out, "--out folder")
     dist = distributed.start(device) if world > 1 else None  # waits for every rank
@@ -292,7 +308,8 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         tasks: list[EvalTask] = []
         layout = parallel_layout(cfg, device, eval_task_count(plan, eval_rows), opts)
         for v, seed, path, key, ckpt in plan.entries:
-            ckpt, info = _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device)
+            ckpt, info = _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device,
+                                        probe=plan.probe)  # fmt: skip
             trainings.append(info)
             curves_csv = _gather_curves(plan, opts)
             tasks += EvalTask.for_checkpoint(cfg, v, seed, path, eval_rows, str(device))
@@ -424,7 +441,8 @@ def _train_only(cfg, opts, plan, train_stream, device, dist) -> None:
     if dist is None:
         plan.reload(train_in_parallel(cfg, opts, plan, train_stream, device))
     for v, seed, path, key, ckpt in plan.entries:
-        ckpt, _ = _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dist)
+        ckpt, _ = _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dist,
+                                 plan.probe)  # fmt: skip
         if dist is None or dist.is_main:
             _gather_curves(plan, opts)
         opts.log(
@@ -451,7 +469,8 @@ def _eval_command(argv: list[str]) -> str:
     return shlex.join(["attnbench", *kept, "--eval-only"])
 
 
-def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dist=None):
+def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dist=None,
+                   probe=None):  # fmt: skip
     """Train (from scratch or from ``ckpt``; data-parallel with ``dist``) unless ``ckpt`` is
     finished; returns the finished checkpoint and a summary for the sidecar."""
     if ckpt is not None and ckpt["done"]:
@@ -469,7 +488,7 @@ def _train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, di
                 opts.on_step(label, seed, step)
 
         job = TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
-                       opts.log_every, opts.tensorboard)  # fmt: skip
+                       opts.log_every, opts.tensorboard, probe)  # fmt: skip
         opts.log(job.run(train_stream, opts.progress(), hook, dist))
         ckpt = load_checkpoint(path)  # under torchrun, rank 0 wrote it before train returned
     steps = max(1, ckpt["step"])
@@ -499,6 +518,7 @@ class TrainJob:
     device: str
     log_every: int
     tensorboard: Path | None
+    heldout: HeldoutProbe | None = None  # the held-out loss measured during training
 
     @property
     def unit_id(self) -> str:
@@ -544,6 +564,7 @@ class TrainJob:
                 on_log=curve.log if curve is not None else None,
                 log_every=self.log_every,
                 dist=dist,
+                heldout=self.heldout,
             )
         return (
             f"{v.label} seed {seed}: trained {outcome.steps} steps in {outcome.train_time_s:.0f}s"
@@ -572,7 +593,7 @@ def train_in_parallel(cfg, opts, plan, train_stream, device) -> set[Path]:
         # a task per training: one GPU each, or --threads CPUs each (default 1)
         threads = (cfg.run.threads or 1) if device.type == "cpu" else _threads(cfg)
         jobs = [TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
-                         opts.log_every, opts.tensorboard)
+                         opts.log_every, opts.tensorboard, plan.probe)
                 for v, seed, path, key, ckpt in todo]  # fmt: skip
         return units.train_on_ray(jobs, train_stream, threads, device, opts.ray_address, opts.log)
     workers, threads = parallel_layout(cfg, device, len(todo), opts)
@@ -581,7 +602,7 @@ def train_in_parallel(cfg, opts, plan, train_stream, device) -> set[Path]:
     names = ", ".join(f"{v.label} seed {seed}" for v, seed, *_ in todo)
     opts.log(f"training {names}: {workers} at once, {threads} thread{'s' * (threads > 1)} each")
     jobs = [TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
-                     opts.log_every, opts.tensorboard)
+                     opts.log_every, opts.tensorboard, plan.probe)
             for v, seed, path, key, ckpt in todo]  # fmt: skip
     started = time.time()
     crashed = _train_in_pool(jobs, workers, threads, train_stream, opts.log, None)

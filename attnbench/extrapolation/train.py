@@ -64,6 +64,9 @@ class CurvePoint(NamedTuple):
     lr: float  # the learning rate this step used
     tokens_per_s: float  # training tokens per second since the previous logged point
     train_time_s: float  # training time up to this step, earlier runs of a resumed one included
+    #: Mean masked-token loss on the fixed held-out probe (:class:`HeldoutProbe`); NaN at the
+    #: steps where it was not measured (and in checkpoints from before it existed).
+    heldout_loss: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,45 @@ class BatchSampler:
 
     def set_state(self, state: Tensor) -> None:
         self.gen.set_state(state)
+
+
+@dataclass(frozen=True)
+class HeldoutProbe:
+    """A fixed batch of held-out windows at the training length, masked once by its own seed:
+    its loss, measured every ``every`` steps during training, is the held-out curve beside the
+    training loss (converging, or over-fitting the training text?). Measuring it draws no
+    random number and changes no weight: the trained model is the same with or without it."""
+
+    inputs: Tensor  # (W, L) long, masked positions set to MASK_ID
+    targets: Tensor  # (N,) the masked tokens
+    mask: Tensor  # (W, L) bool
+    every: int  # steps between measurements (the last step is always measured)
+
+    @classmethod
+    def from_stream(
+        cls, stream: Tensor, length: int, windows: int, mask_prob: float, seed: int, every: int
+    ) -> HeldoutProbe | None:
+        """``windows`` windows of ``length`` spread evenly over the held-out ``stream``; None
+        when ``every`` is 0 or the stream holds no window."""
+        windows = min(windows, stream.numel() // length)
+        if every < 1 or windows < 1:
+            return None
+        starts = torch.linspace(0, stream.numel() - length, windows).long()  # (W,)
+        tokens = stream[starts[:, None] + torch.arange(length)].long()  # (W, L)
+        mask = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(seed)) < mask_prob
+        if not mask.any():
+            mask[0, 0] = True
+        return cls(tokens.masked_fill(mask, MASK_ID), tokens[mask], mask, every)
+
+    def loss(self, model: nn.Module, device: torch.device) -> float:
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                batch = (t.to(device) for t in (self.inputs, self.targets, self.mask))
+                return masked_loss(model, *batch).item()
+        finally:
+            model.train(was_training)
 
 
 def masked_loss(model: nn.Module, inputs: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
@@ -303,6 +345,7 @@ def train(
     on_log: Callable[[CurvePoint], None] | None = None,
     log_every: int = HISTORY_EVERY,
     dist: DataParallel | None = None,
+    heldout: HeldoutProbe | None = None,
 ) -> TrainOutcome:
     """Train ``model`` in place (its weights already initialised from ``seed``, on the device
     it is on; batches are drawn on the CPU, so the data order is the same on every device).
@@ -311,7 +354,9 @@ def train(
     after every completed step (tests use it to deliver a signal mid-run). ``on_log(point)`` is
     called with every point added to the history (every ``log_every`` steps and the last one).
     ``dist``: train data-parallel over torchrun's processes (see the module docstring); only its
-    rank 0 writes ``path``, and every rank returns once the file is there.
+    rank 0 writes ``path``, and every rank returns once the file is there. ``heldout``: measure
+    its loss at the first logged step at or past each multiple of ``heldout.every`` and at the
+    last step (into the point's ``heldout_loss``; its time is not counted as training time).
     """
     if log_every < 1:
         raise AttnbenchError(f"invalid log_every={log_every}; accepted: >= 1")
@@ -360,6 +405,7 @@ def train(
     loss_value, smooth = float("nan"), None
     step = start
     logged_step, logged_at = start, t0
+    next_probe = (start // heldout.every + 1) * heldout.every if heldout is not None else None
     progress.start(title, cfg.steps, start)
     try:
         with StopFlag().installed() as stop:
@@ -388,11 +434,18 @@ def train(
                 if step % log_every == 0 or step == cfg.steps:
                     now = t0 + run_s
                     rate = (step - logged_step) * tokens_per_step / max(now - logged_at, 1e-9)
+                    heldout_loss, probe_s = math.nan, 0.0
+                    if next_probe is not None and (step >= next_probe or step == cfg.steps):
+                        heldout_loss = heldout.loss(model, device)
+                        next_probe = (step // heldout.every + 1) * heldout.every
+                        probe_s = time.perf_counter() - now
+                        t0 += probe_s  # not training time
                     point = CurvePoint(
-                        step, loss_value, opt.param_groups[0]["lr"], rate, elapsed + run_s
-                    )
+                        step, loss_value, opt.param_groups[0]["lr"], rate, elapsed + run_s,
+                        heldout_loss,
+                    )  # fmt: skip
                     history.append(tuple(point))
-                    logged_step, logged_at = step, now
+                    logged_step, logged_at = step, now + probe_s
                     if on_log is not None:
                         on_log(point)
                 progress.update(step, smooth, (step - start) * tokens_per_step / max(run_s, 1e-9))

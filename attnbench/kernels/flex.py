@@ -56,6 +56,9 @@ ACCUMULATED_RECOMPILE_LIMIT = 4096
 _block_masks: OrderedDict[Hashable, Any] = OrderedDict()
 _score_mods: OrderedDict[Hashable, ScoreMod] = OrderedDict()
 _compiled: dict[str, Callable[..., Tensor]] = {}
+#: The call signatures the compiled kernel has met since it was built: each one is a dynamo
+#: cache entry (a specialisation), and dynamo refuses more than RECOMPILE_LIMIT of them.
+_signatures: set[Hashable] = set()
 
 
 def _freeze(value: Any) -> Hashable:
@@ -177,6 +180,39 @@ def _kernel(device: torch.device) -> Callable[..., Tensor]:
     return _compiled["cuda"]
 
 
+def reset_compiled() -> None:
+    """Forget the compiled kernel and every dynamo cache entry (the BlockMasks and score_mods
+    stay): the next call compiles afresh. Inductor's on-disk cache makes that a cache hit for a
+    signature compiled before."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    _compiled.clear()
+    _signatures.clear()
+
+
+def note_signature(signature: Hashable) -> bool:
+    """Count one call signature of the compiled kernel; a new one past half of RECOMPILE_LIMIT
+    first resets the compile cache (returns True then). A long sweep or test session meets far
+    more (length, dtype, direction, score_mod) combinations than dynamo keeps for one function;
+    starting afresh now and then keeps it under the limit, where dynamo would otherwise refuse
+    the call (``fail_on_recompile_limit_hit``) or, in older torch, silently run flex eagerly."""
+    if signature in _signatures:
+        return False
+    reset = len(_signatures) >= RECOMPILE_LIMIT // 2
+    if reset:
+        reset_compiled()
+    _signatures.add(signature)
+    return reset
+
+
+def _signature(q: Tensor, k: Tensor, v: Tensor, *extra: Hashable) -> tuple:
+    """What dynamo specialises the compiled call on: shapes, strides, dtypes, grad, the rest."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    tensors = tuple((tuple(t.shape), t.stride(), t.dtype, str(t.device)) for t in (q, k, v))
+    return (tensors, grad, *extra)
+
+
 def check_call(q: Tensor, k: Tensor, v: Tensor) -> None:
     """Raise AttnbenchError (one line) when FlexAttention cannot run this call here."""
     if q.device.type == "cuda":
@@ -214,6 +250,9 @@ def flex_attention_for(
     n = q.shape[-2]
     block_mask = block_mask_for(visible, n, causal, params, q.device)
     mod = score_mod_for(score_mod, n, causal, params)
+    if q.device.type == "cuda":
+        note_signature(_signature(q, k, v, visible, score_mod, _freeze(params), causal, scale,
+                                  enable_gqa))  # fmt: skip
     kernel = _kernel(q.device)
     with warnings.catch_warnings():
         # Eager (CPU) flex warns that it is unfused; that is known and said in the docstring.

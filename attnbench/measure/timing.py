@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import math
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,37 @@ class TimingPolicy:
     group_budget_s: float = 4.0  # rounds stop once a group has taken this long (>= min_rounds)
     clock: str = "wall"  # "wall" (perf_counter / CUDA events) or "cpu" (process CPU time)
     retain_memory: bool = False  # keep freed memory in the process (see retain_freed_memory)
+    #: The order of a round's samples (see :func:`round_order`): "rotate" (each round starts one
+    #: place further on, so every member takes every position equally often), "fixed",
+    #: "reversed" or "shuffle" (a seeded random order per round).
+    order: str = "rotate"
+
+
+#: Accepted values of TimingPolicy.order.
+ORDERS = ("rotate", "fixed", "reversed", "shuffle")
+
+
+def round_order(count: int, round_index: int, order: str = "rotate") -> list[int]:
+    """The positions 0..count-1 in the order round ``round_index`` times them.
+
+    A fixed order gives each member the same neighbour before it in every round; on a GPU (clock
+    boost after an idle gap, caches left warm or cold by the previous kernel) and on a CPU
+    (frequency, page cache) that can favour a position, and a ratio between two members then
+    measures their places as well as their speeds. "rotate" is a cyclic Latin square: over
+    ``count`` rounds every member takes every position once, and follows every other member.
+    """
+    if order not in ORDERS:
+        raise ValueError(f"unknown order {order!r}; accepted: {', '.join(ORDERS)}")
+    positions = list(range(count))
+    if order == "fixed" or count < 2:
+        return positions
+    if order == "reversed":
+        return positions[::-1]
+    if order == "shuffle":
+        random.Random(round_index).shuffle(positions)
+        return positions
+    start = round_index % count
+    return positions[start:] + positions[:start]
 
 
 @dataclass(frozen=True)

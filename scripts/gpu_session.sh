@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# One GPU lease in three commands of under ten minutes each (the device tool's limits): the
+# runbook's steps (scripts/gpu_check.py) and the paper-preset extrapolation, arranged so that
+# nothing timed shares the GPU with anything else.
+#
+#   bash scripts/gpu_session.sh 1 OUT   # env; the paper trainings (detached, then the
+#                                       # evaluation); the GPU tests and a flex compile warm-up
+#                                       # beside them (correctness only: sharing is fine)
+#   bash scripts/gpu_session.sh 2 OUT   # waits for the evaluation; dense, Triton, FLASH batch 1,
+#                                       # profiles, timing-order A/B (the GPU to itself)
+#   bash scripts/gpu_session.sh 3 OUT   # flex patterns, the paper rows' forward times
+#
+# Everything goes to $WORK (default /root/gpu-session, kept while the machine is held); each
+# command packs what it has into OUT/phaseN.tgz. The trainings run in their own process session
+# (setsid), so they outlive the command that started them. Phase budgets: PHASE_S seconds
+# (default 560) from the phase's start; every step gets what is left.
+set -uo pipefail
+phase=${1:?phase 1, 2 or 3}
+out=${2:?output folder}
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+WORK=${WORK:-/root/gpu-session}
+PHASE_S=${PHASE_S:-560}
+STEPS=${STEPS:-5000}
+WARMUP=${WARMUP:-500}
+export PYTHONPATH=$root PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR=$root/.gpucache/inductor TRITON_CACHE_DIR=$root/.gpucache/triton
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+mkdir -p "$WORK/logs" "$out"
+started=$(date +%s)
+left() { echo $((PHASE_S - ($(date +%s) - started))); }
+# step N with at most min(WANT, what is left - RESERVE) seconds
+step() {
+  local n=$1 want=$2 reserve=${3:-25}
+  local budget=$(( $(left) - reserve ))
+  (( budget > want )) && budget=$want
+  if (( budget < 20 )); then echo "step $n: skipped, $(left) s left"; return; fi
+  echo "step $n: budget $budget s ($(date +%T))"
+  python scripts/gpu_check.py "$n" "$WORK/gpu" --budget-s "$budget"
+}
+pack() {
+  nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
+    > "$WORK/logs/clocks-end-phase$phase.csv" 2>&1
+  tar czf "$out/phase$phase.tgz" -C "$WORK" --exclude='*.pt' --exclude='*.pt.tmp' \
+    logs gpu paper train checkpoints/curves 2>/dev/null
+  ls -la "$out"
+}
+
+paper_args=(run extrapolate --preset paper --steps "$STEPS" --warmup "$WARMUP"
+            --checkpoints "$WORK/checkpoints" --threads 1)
+
+case $phase in
+1)
+  nvidia-smi > "$WORK/logs/nvidia-smi-start.txt" 2>&1
+  step 0 60
+  # The trainings: O and E, seeds 0-2, each its own process sharing the GPU; then one
+  # evaluation of every row on the same checkpoints, paired by seed.
+  setsid bash -c '
+    cd "$0"; W="$1"; shift
+    for v in O E; do for s in 0 1 2; do
+      python -m attnbench "$@" --variants $v --seed-start $s --seeds 1 --train-only \
+        --out "$W/train/$v-$s" > "$W/logs/train-$v-$s.log" 2>&1 &
+    done; done
+    wait
+    date +%s > "$W/TRAINED"
+    python -m attnbench "$@" --variants O,E --seeds 3 --eval-only \
+      --eval-lengths 64,128,256,512,1024,2048,4096 --out "$W/paper" > "$W/logs/eval.log" 2>&1
+    echo $? > "$W/EVALUATED"
+  ' "$root" "$WORK" "${paper_args[@]}" < /dev/null > "$WORK/logs/trainings.log" 2>&1 &
+  mkdir -p "$WORK/train"
+  # The flex sweeps' compiles into the on-disk caches (timings thrown away), beside the tests.
+  (nice -n 5 python scripts/gpu_check.py 4 "$WORK/warm" --budget-s 420 \
+     > "$WORK/logs/flex-warm.log" 2>&1; \
+   nice -n 5 python scripts/gpu_check.py 10 "$WORK/warm" --budget-s 120 \
+     >> "$WORK/logs/flex-warm.log" 2>&1) &
+  step 1 200
+  step 2 $(( $(left) - 30 )) 30
+  # (the warm-up, if still compiling, ends with this command: phase 2 times alone)
+  tail -n 3 "$WORK"/logs/train-*.log > "$WORK/logs/trainings-progress.txt" 2>&1
+  pack
+  ;;
+2)
+  # Nothing timed while a training or the evaluation runs.
+  while [ ! -f "$WORK/EVALUATED" ] && (( $(left) > 120 )); do sleep 5; done
+  if [ ! -f "$WORK/EVALUATED" ]; then
+    echo "the evaluation is still running after $(( $(date +%s) - started )) s; no timing now"
+    pack; exit 0
+  fi
+  echo "evaluation done (exit $(cat "$WORK/EVALUATED")) at +$(( $(date +%s) - started )) s"
+  step 3 190
+  step 5 150
+  step 7 60
+  step 8 50
+  step 9 $(( $(left) - 20 )) 20
+  pack
+  ;;
+3)
+  step 4 300 140
+  step 10 $(( $(left) - 20 )) 20
+  pack
+  ;;
+*) echo "unknown phase $phase; accepted: 1, 2, 3"; exit 2 ;;
+esac
