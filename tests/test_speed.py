@@ -350,3 +350,21 @@ def test_a_sticky_cuda_error_stops_the_sweep_and_resume_finishes_it(tmp_path):
     assert len(rows) == 2 * 2 * 3  # every case once: 2 mechanisms x 2 paths x 3 lengths
     assert len(rows) > done_before
     assert json.loads(second.sidecar.read_text())["resumed_with_rows"] == done_before
+
+
+def test_round_order_rotates_every_position_through_every_place():
+    from attnbench.measure.timing import round_order
+
+    count = 5
+    rounds = [round_order(count, r) for r in range(count)]
+    assert all(sorted(r) == list(range(count)) for r in rounds)
+    for place in range(count):  # a cyclic Latin square: each member once in each place
+        assert sorted(r[place] for r in rounds) == list(range(count))
+    assert round_order(count, count) == rounds[0]
+    assert round_order(count, 3, "fixed") == list(range(count))
+    assert round_order(count, 3, "reversed") == list(range(count))[::-1]
+    shuffled = round_order(count, 3, "shuffle")
+    assert sorted(shuffled) == list(range(count)) and shuffled == round_order(count, 3, "shuffle")
+    assert round_order(1, 7) == [0] and round_order(0, 2) == []
+    with pytest.raises(ValueError, match="accepted: rotate"):
+        round_order(3, 0, "random")

@@ -48,6 +48,7 @@ def write(tmp_path, text: str) -> str:
         ('[params.softmax-logn]\nbase = "x"\n', 1, ["base", "a number > 1, or e"]),
         ("[params.nope]\nk = 1\n", 1, ["unknown mechanism 'nope'"]),
         ("[shape]\nhidden = 100\nhead_dims = [64]\n", 2, ["not divisible by head_dim 64"]),
+        ('[timing]\norder = "random"\n', 2, ["order", "rotate, fixed, reversed, shuffle"]),
     ],
 )
 def test_suite_errors_name_the_key_and_line(tmp_path, text, line, words):
@@ -91,3 +92,8 @@ def test_readme_documents_every_suite_key():
             if table == "" and key in ("grid", "shape", "limits", "timing", "params"):
                 continue
             assert re.search(rf"`{re.escape(key)}`", section), f"README lacks [{table}] {key}"
+
+
+def test_timing_order_is_read_from_the_suite(tmp_path):
+    assert load_suite(write(tmp_path, "[timing]\n")).timing.order == "rotate"
+    assert load_suite(write(tmp_path, '[timing]\norder = "fixed"\n')).timing.order == "fixed"

@@ -126,6 +126,63 @@ def test_history_of_older_checkpoints():
     assert new == [CurvePoint(50, 2.5, 1e-3, 100.0, 3.0)]
 
 
+def test_history_with_and_without_the_heldout_loss():
+    cfg = TrainConfig(steps=100, warmup=10)
+    five = curves.history_points([(50, 2.5, 1e-3, 100.0, 3.0)], cfg)  # before the column
+    assert five[0][:5] == (50, 2.5, 1e-3, 100.0, 3.0) and math.isnan(five[0].heldout_loss)
+    six = curves.history_points([(50, 2.5, 1e-3, 100.0, 3.0, 2.7)], cfg)
+    assert six == [CurvePoint(50, 2.5, 1e-3, 100.0, 3.0, 2.7)]
+
+
+def test_heldout_loss_is_measured_and_changes_no_weight(corpus, tmp_path):
+    """Every 4 steps (on the first logged step at or past each multiple) and at the last: the
+    held-out probe's loss; the trained weights are bit for bit those of a run without it."""
+    with_probe, without = tmp_path / "with", tmp_path / "without"
+    for out, every in ((with_probe, 4), (without, 0)):
+        out.mkdir()
+        cfg = _tiny_cfg(corpus).override({"run.heldout_every": every, "run.heldout_windows": 8})
+        run_extrapolate(cfg, _opts(out, log_every=LOG_EVERY))
+    df = read_curve(curve_file(with_probe))
+    measured = df[df["heldout_loss"].notna()]
+    assert measured["step"].tolist() == [4, 8, 12]
+    assert measured["heldout_loss"].between(0, 10).all()
+    assert read_curve(curve_file(without))["heldout_loss"].isna().all()
+    a = torch.load(with_probe / "checkpoints" / "E-seed0.pt", weights_only=True)
+    b = torch.load(without / "checkpoints" / "E-seed0.pt", weights_only=True)
+    assert a["model"].keys() == b["model"].keys()
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert a["final_loss"] == b["final_loss"]
+
+
+def test_heldout_probe_is_fixed_and_spread_over_the_stream():
+    from attnbench.extrapolation.model import MASK_ID
+    from attnbench.extrapolation.train import HeldoutProbe
+
+    stream = torch.arange(1000, dtype=torch.int64) % 250
+    probe = HeldoutProbe.from_stream(stream, 16, 10, 0.15, 1234, every=5)
+    again = HeldoutProbe.from_stream(stream, 16, 10, 0.15, 1234, every=5)
+    assert torch.equal(probe.inputs, again.inputs) and torch.equal(probe.mask, again.mask)
+    assert probe.inputs.shape == (10, 16) and probe.mask.any()
+    assert (probe.inputs[probe.mask] == MASK_ID).all()
+    firsts = probe.inputs[:, 0].masked_fill(probe.mask[:, 0], -1)
+    unmasked = firsts[firsts >= 0]
+    assert len(set(unmasked.tolist())) == len(unmasked)  # windows start at different places
+    assert HeldoutProbe.from_stream(stream, 16, 10, 0.15, 1234, every=0) is None
+    assert HeldoutProbe.from_stream(stream[:10], 16, 10, 0.15, 1234, every=5) is None
+    with pytest.raises(AttnbenchError, match="heldout_every"):
+        _tiny_cfg("x").override({"run.heldout_every": -1}).check()
+
+
+def test_combine_keeps_curve_files_from_before_the_heldout_column(tmp_path):
+    old = tmp_path / "old.csv"
+    old.write_text("variant,seed,step,loss,lr,tokens_per_s,train_time_s\nO,0,50,2.5,0.001,10,1\n")
+    new = tmp_path / "new.csv"
+    curves.write_curve(new, "E", 0, [CurvePoint(50, 2.4, 1e-3, 10.0, 1.0, 2.6)])
+    combined = read_curve(curves.combine([old, new], tmp_path / "curves.csv"))
+    assert combined["variant"].tolist() == ["O", "E"]
+    assert math.isnan(combined["heldout_loss"][0]) and combined["heldout_loss"][1] == 2.6
+
+
 # ---------------------------------------------------------------------------------------------
 # TensorBoard
 # ---------------------------------------------------------------------------------------------
