@@ -4,20 +4,27 @@
 
 STEP is a number or a name (``all`` runs every step in order); OUT is a folder. Each step writes
 its logs, CSVs and sidecars to ``OUT/<number>-<name>/`` and a ``DONE`` file when it finished; a
-step whose ``DONE`` exists is skipped (resume), unless ``--force``. Steps are independent: any
-can run alone, in any order, each in its own command. Every step stops itself within
-``--budget-s`` seconds (default 540, under a 10-minute command): a speed sweep is sent SIGINT,
-which ends it cleanly with every finished row on disk.
+step whose ``DONE`` exists is skipped (resume), unless ``--force``; a speed step stopped by its
+budget continues its sweep with ``attnbench run speed --resume`` when run again. Steps are
+independent: any can run alone, in any order, each in its own command. Every step stops itself
+within ``--budget-s`` seconds (default 540, under a 10-minute command): a speed sweep is sent
+SIGINT, which ends it cleanly with every finished row on disk.
 
   0 env          GPU, driver, versions, clocks, SDPA backends, dynamo limits, TF32 flags
   1 tests-fused  pytest -m gpu on the fused paths that are not FlexAttention (SDPA, Triton)
   2 tests-flex   pytest -m gpu on the FlexAttention paths
-  3 dense        softmax efficient / sdpa-flash / sdpa-efficient / sdpa-cudnn and
-                 softmax-logn:flex, n = 1k, 4k, 16k, bf16, head dims 64 and 128, fwd and fwd+bwd
-  4 sparse       local:flex (window 512) at 8k and 32k against dense flash; bigbird, longnet and
-                 atrous flex
-  5 triton       the Triton gau, flash, linear and retention kernels at 8k and 64k, causal
+  3 dense        softmax efficient / sdpa-flash / sdpa-efficient / sdpa-cudnn, n = 1k..64k,
+                 causal and not, bf16, head dims 128 then 64, fwd and fwd+bwd
+  4 sparse       local (window 512), bigbird, longnet, atrous and softmax-logn flex at 8k and
+                 32k against dense flash and dense cuDNN
+  5 triton       causal linear, retention and gau (Triton) against causal flash and cuDNN,
+                 n = 1k..64k: the crossovers
   6 extrapolate  a few hundred steps of ``run extrapolate --preset paper``: the step time
+  7 flash-batch1 FLASH (Triton) at batch 1, n = 8k and 64k
+  8 profile      torch.profiler: top kernels of one call of causal linear:triton at 8k and
+                 bidirectional flash:triton at 16k
+  9 order        the same dense cases timed with a round's order fixed, reversed and rotated
+  10 paper-rows  the paper model's attention (hidden 384, 6 x 64) per extrapolation row, forward
 
 ``--dry-run`` runs every step on the CPU with tiny shapes and the paths a CPU has (the tests
 steps only collect), so that CI finds a typo in this script, not the GPU. Nothing here needs a
@@ -53,6 +60,7 @@ class Context:
     dry: bool
     budget_s: float
     python: str = sys.executable
+    force: bool = False  # start a stopped step over instead of resuming it
 
     def attnbench(self, *args: str) -> list[str]:
         return [self.python, "-m", "attnbench", *args]
@@ -251,20 +259,27 @@ def speed_step(ctx: Context, name: str, cpu_mechanisms: list[str], sub: str = ""
     where = ctx.out / sub if sub else ctx.out
     where.mkdir(parents=True, exist_ok=True)
     path = where / "suite.toml"
-    path.write_text(suite_text(name, dry=ctx.dry, **suite))
+    text = suite_text(name, dry=ctx.dry, **suite)
+    # A sweep stopped by its budget continues where it stopped (--resume keeps every finished
+    # row), unless --force or the suite changed since.
+    partial = where / "results" / "results.csv"
+    resume = (partial.is_file() and not ctx.force and path.is_file()
+              and path.read_text() == text)  # fmt: skip
+    path.write_text(text)
     cmd = ctx.attnbench("run", "speed", "--suite", str(path), "--out", str(where / "results"),
-                        "--overwrite")  # fmt: skip
+                        "--resume" if resume else "--overwrite")  # fmt: skip
     budget = ctx.budget_s if budget_s is None else budget_s
     started = time.perf_counter()
-    code = run(ctx, f"{sub or 'speed'}", cmd, budget_s=budget)
+    log = f"{sub or 'speed'}{'-resumed' if resume else ''}"
+    code = run(ctx, log, cmd, budget_s=budget)
     for attempt in range(1, 4):
         # 75: a sticky CUDA error ended the sweep; its process's CUDA context is gone, so the
         # rest runs in a fresh process, keeping every finished row (--resume).
         left = budget - (time.perf_counter() - started)
         if code != STICKY_EXIT or left < 30:
             break
-        resume = [c for c in cmd if c != "--overwrite"] + ["--resume"]
-        code = run(ctx, f"{sub or 'speed'}-resume{attempt}", resume, budget_s=left)
+        again = [c for c in cmd if c not in ("--overwrite", "--resume")] + ["--resume"]
+        code = run(ctx, f"{sub or 'speed'}-resume{attempt}", again, budget_s=left)
     return code
 
 
@@ -512,7 +527,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         out.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        code = fn(Context(out, args.dry_run, args.budget_s))
+        code = fn(Context(out, args.dry_run, args.budget_s, force=args.force))
         wall = time.perf_counter() - started
         status = "ok" if code == 0 else ("stopped at the budget" if code == 124 else f"exit {code}")
         print(f"step {number} {name}: {status} in {wall:.0f} s -> {out}")

@@ -44,6 +44,30 @@ def test_runbook_every_step_in_dry_mode(tmp_path):
     assert again.returncode == 0 and "already done" in again.stdout
 
 
+def test_runbook_resumes_a_speed_step_stopped_by_its_budget(tmp_path):
+    """A sweep stopped at its budget (no DONE) continues with --resume next time; --force
+    starts it over."""
+    extra: list[str] = []
+
+    def step():
+        return subprocess.run(
+            [sys.executable, "scripts/gpu_check.py", "7", str(tmp_path), "--dry-run", *extra],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+
+    assert step().returncode == 0
+    folder = tmp_path / "7-flash-batch1"
+    rows = (folder / "results" / "results.csv").read_text().splitlines()
+    (folder / "DONE").unlink()  # as if stopped: the next run resumes, keeping the rows
+    assert step().returncode == 0
+    assert "--resume" in (folder / "speed-resumed.log").read_text().splitlines()[0]
+    assert (folder / "results" / "results.csv").read_text().splitlines() == rows
+    (folder / "DONE").unlink()
+    extra.append("--force")
+    assert step().returncode == 0
+    assert "--overwrite" in (folder / "speed.log").read_text().splitlines()[0]
+
+
 def test_runbook_rejects_an_unknown_step(tmp_path):
     done = subprocess.run(
         [sys.executable, "scripts/gpu_check.py", "77", str(tmp_path)],

@@ -363,3 +363,19 @@ def test_running_states_of_half_inputs_are_summed_in_float32(name, path, dtype):
     scale = oracle.abs().max().item()
     error = (out.double() - oracle).abs().max().item()
     assert error <= C_HALF * torch.finfo(dtype).eps * scale, f"{error / scale:.3g} of the scale"
+
+
+@pytest.mark.parametrize("t", [1, 15, 16, 17, 100, 257, 1000, 4099])
+def test_prefix_sum_is_cumsum_along_the_sequence(t):
+    """The two-level scan of causal linear:triton's normaliser: torch's cumsum in float64 (up to
+    rounding), its float32 error no larger than cumsum's own, and its gradient (float64)."""
+    from attnbench.variants.linear import prefix_sum
+
+    x = torch.rand(2, 3, t, 5, dtype=torch.float64)
+    torch.testing.assert_close(prefix_sum(x), x.cumsum(-2), rtol=1e-12, atol=1e-12)
+    x32 = x.float()
+    err = (prefix_sum(x32).double() - x.cumsum(-2)).abs().max()
+    err_cumsum = (x32.cumsum(-2).double() - x.cumsum(-2)).abs().max()
+    assert err <= 2 * err_cumsum + 1e-6 * t
+    leaf = torch.randn(1, 2, min(t, 70), 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(prefix_sum, (leaf,))

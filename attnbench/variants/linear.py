@@ -176,6 +176,27 @@ def recurrent(
     return _finish(out, normalize, eps)
 
 
+def prefix_sum(x: Tensor) -> Tensor:
+    """``x.cumsum(-2)`` (sum over s <= t along the sequence dimension of ``[..., T, D]``) as two
+    short scans: one inside chunks of about sqrt(T) positions, one over the chunk totals.
+
+    On CUDA, torch's cumsum along a dimension that is not the innermost is a serial scan over it
+    (one thread per column walks all T positions): for causal ``linear:triton`` at T = 8192 on an
+    H100 it was 59 % of the forward's GPU time, more than the chunk kernel, in a profile. Here
+    every scan is about sqrt(T) long with the rest of the tensor in parallel, in the same float
+    arithmetic order up to reassociation of one sum per chunk boundary."""
+    t = x.shape[-2]
+    chunk = max(16, 1 << math.ceil(math.log2(math.sqrt(max(t, 1)))))
+    if t <= chunk:
+        return x.cumsum(-2)
+    pad = (-t) % chunk
+    blocks = F.pad(x, (0, 0, 0, pad)).unflatten(-2, (-1, chunk))  # (..., N, C, D)
+    inside = blocks.cumsum(-2)  # sums within each chunk
+    totals = inside[..., -1:, :].cumsum(-3)  # (..., N, 1, D): through the end of each chunk
+    before = torch.cat((torch.zeros_like(totals[..., :1, :, :]), totals[..., :-1, :, :]), dim=-3)
+    return (inside + before).flatten(-3, -2)[..., :t, :]
+
+
 def triton(
     q: Tensor,
     k: Tensor,
@@ -188,9 +209,10 @@ def triton(
     chunk: int,
 ) -> Tensor:
     """Causal: the sum by the Triton chunkwise kernel (gamma = 1) on phi(Q), phi(K); the
-    normaliser phi(Q_t) . cumsum_t phi(K) in float32 (O(T d); it grows like T d and passes
-    float16's 65504 near T = 1000 at d = 64). Bidirectional: phi(Q) (phi(K)^T V) and
-    phi(Q) . sum phi(K) as float32 matmuls (already optimal, nothing to fuse). ``chunk`` does not
+    normaliser phi(Q_t) . sum_{s<=t} phi(K_s) in float32 (:func:`prefix_sum`; O(T d); it grows
+    like T d and passes float16's 65504 near T = 1000 at d = 64). Bidirectional: phi(Q)
+    (phi(K)^T V) and phi(Q) . sum phi(K) as float32 matmuls (a profile on an H100 found these on
+    CUDA cores, not tensor cores: the kernel issue's next step). ``chunk`` does not
     apply (the kernel has its own tile). q, k: [B, H, T, D], v: [B, H, T, Dv] (D, Dv <= 128) ->
     [B, H, T, Dv].
     """
@@ -204,7 +226,7 @@ def triton(
                               "linear:triton (its unnormalised sum)")  # fmt: skip
         if not normalize:
             return num
-        z = fk32.cumsum(-2)  # (B, H, T, D): sum_{s <= t} phi(k_s)
+        z = prefix_sum(fk32)  # (B, H, T, D): sum_{s <= t} phi(k_s)
     else:
         state = fk32.transpose(-2, -1) @ v.float()  # (B, H, D, Dv)
         num = fq32 @ state  # (B, H, T, Dv)
