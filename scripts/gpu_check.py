@@ -263,8 +263,8 @@ def speed_step(ctx: Context, name: str, cpu_mechanisms: list[str], sub: str = ""
     # A sweep stopped by its budget continues where it stopped (--resume keeps every finished
     # row), unless --force or the suite changed since.
     partial = where / "results" / "results.csv"
-    resume = (partial.is_file() and not ctx.force and path.is_file()
-              and path.read_text() == text)  # fmt: skip
+    resume = (partial.is_file() and not ctx.force and path.is_file() and path.read_text() == text
+              and same_setup(where / "results" / "results.json"))  # fmt: skip
     path.write_text(text)
     cmd = ctx.attnbench("run", "speed", "--suite", str(path), "--out", str(where / "results"),
                         "--resume" if resume else "--overwrite")  # fmt: skip
@@ -281,6 +281,28 @@ def speed_step(ctx: Context, name: str, cpu_mechanisms: list[str], sub: str = ""
         again = [c for c in cmd if c not in ("--overwrite", "--resume")] + ["--resume"]
         code = run(ctx, f"{sub or 'speed'}-resume{attempt}", again, budget_s=left)
     return code
+
+
+def same_setup(sidecar: Path) -> bool:
+    """Whether a stopped sweep's sidecar was written on this kind of machine (its GPU and CPU
+    model), with these versions and this commit: only then are its rows continued, never mixed
+    with rows of another machine or of other code."""
+    from attnbench.measure import machine
+
+    try:
+        old = json.loads(sidecar.read_text())
+    except (OSError, ValueError):
+        return False
+    import torch
+
+    here = machine.machine(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    old_machine = old.get("machine") or {}
+    same_machine = all(old_machine.get(key) == here.get(key) for key in ("gpu", "cpu_model"))
+    return (
+        same_machine
+        and old.get("versions") == machine.versions()
+        and (old.get("git") or {}).get("sha") == machine.git_state().get("sha")
+    )
 
 
 #: ``attnbench run speed``'s exit code after a sticky CUDA error (attnbench.cli.speed_cmd).
@@ -416,9 +438,11 @@ def profile_main(out: Path, dry: bool) -> int:
         for direction in ("fwd", "fwdbwd"):
 
             def call(fn=fn, x=x, causal=causal, params=params, leaves=leaves, bwd=direction):
+                if bwd == "fwd":  # as the speed suite times a forward: no autograd graph
+                    with torch.no_grad():
+                        return fn(**x, causal=causal, **params)
                 out_ = fn(**x, causal=causal, **params)
-                if bwd == "fwdbwd":
-                    torch.autograd.grad(out_, leaves, torch.ones_like(out_))
+                torch.autograd.grad(out_, leaves, torch.ones_like(out_))
                 return out_
 
             for _ in range(3):  # compile, autotune, settle
@@ -437,6 +461,7 @@ def profile_main(out: Path, dry: bool) -> int:
                     break
                 except (AttributeError, KeyError, ValueError):
                     continue
+            table = table or "(no sortable time column in this torch's profiler)\n"
             tag = f"{name}-{path_name}-{'causal' if causal else 'bidir'}-n{n}-{direction}"
             (out / f"{tag}.txt").write_text(
                 f"# {item} n={n} causal={causal} batch={batch} heads={shape.heads} "

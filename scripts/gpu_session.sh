@@ -69,13 +69,14 @@ case $phase in
   ' "$root" "$WORK" "${paper_args[@]}" < /dev/null > "$WORK/logs/trainings.log" 2>&1 &
   mkdir -p "$WORK/train"
   # The flex sweeps' compiles into the on-disk caches (timings thrown away), beside the tests.
-  (nice -n 5 python scripts/gpu_check.py 4 "$WORK/warm" --budget-s 420 \
-     > "$WORK/logs/flex-warm.log" 2>&1; \
-   nice -n 5 python scripts/gpu_check.py 10 "$WORK/warm" --budget-s 120 \
-     >> "$WORK/logs/flex-warm.log" 2>&1) &
+  setsid bash -c '
+    nice -n 5 python scripts/gpu_check.py 4 "$0/warm" --budget-s 420 > "$0/logs/flex-warm.log" 2>&1
+    nice -n 5 python scripts/gpu_check.py 10 "$0/warm" --budget-s 120 >> "$0/logs/flex-warm.log" 2>&1
+  ' "$WORK" < /dev/null > /dev/null 2>&1 &
+  warm_pid=$!
   step 1 200
   step 2 $(( $(left) - 30 )) 30
-  # (the warm-up, if still compiling, ends with this command: phase 2 times alone)
+  kill -INT -- -"$warm_pid" 2>/dev/null  # the warm-up's whole group: phase 2 times alone
   tail -n 3 "$WORK"/logs/train-*.log > "$WORK/logs/trainings-progress.txt" 2>&1
   pack
   ;;
@@ -95,6 +96,9 @@ case $phase in
   pack
   ;;
 3)
+  if [ ! -f "$WORK/EVALUATED" ]; then
+    echo "the evaluation is still running; no timing now"; pack; exit 0
+  fi
   step 4 300 140
   step 10 $(( $(left) - 20 )) 20
   pack

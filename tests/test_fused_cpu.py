@@ -171,8 +171,12 @@ def test_flex_signature_tells_apart_what_dynamo_guards_on():
     assert flex._signature(q.clone(), q, q, "rule") == base
     assert flex._signature(q.half(), q, q, "rule") != base
     assert flex._signature(q.transpose(-1, -2).contiguous().transpose(-1, -2), q, q, "rule") != base
-    assert flex._signature(q.requires_grad_(), q, q, "rule") != base
     assert flex._signature(q, q, q, "other") != base
+    with torch.no_grad():
+        assert flex._signature(q, q, q, "rule") != base  # grad mode
+    g = q.clone().requires_grad_()
+    with_grad = {flex._signature(*x, "rule") for x in ((g, q, q), (q, g, q), (q, q, g))}
+    assert len(with_grad) == 3 and base not in with_grad  # which tensor requires grad
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])

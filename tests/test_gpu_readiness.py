@@ -4,6 +4,7 @@ and the rotary frequencies following their positions' device."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -57,12 +58,27 @@ def test_runbook_resumes_a_speed_step_stopped_by_its_budget(tmp_path):
 
     assert step().returncode == 0
     folder = tmp_path / "7-flash-batch1"
-    rows = (folder / "results" / "results.csv").read_text().splitlines()
-    (folder / "DONE").unlink()  # as if stopped: the next run resumes, keeping the rows
+    csv_path = folder / "results" / "results.csv"
+    rows = csv_path.read_text().splitlines()
+    assert len(rows) > 2
+    # As if stopped by the budget before its last case: no DONE, the last row missing.
+    (folder / "DONE").unlink()
+    csv_path.write_text("\n".join(rows[:-1]) + "\n")
     assert step().returncode == 0
     assert "--resume" in (folder / "speed-resumed.log").read_text().splitlines()[0]
-    assert (folder / "results" / "results.csv").read_text().splitlines() == rows
+    resumed = csv_path.read_text().splitlines()
+    assert resumed[:-1] == rows[:-1] and len(resumed) == len(rows)  # kept, and the rest run
+    # Rows of another machine (or other versions, or another commit) are never continued.
+    sidecar = folder / "results" / "results.json"
+    info = json.loads(sidecar.read_text())
+    info["versions"]["torch"] = "0.0"
+    sidecar.write_text(json.dumps(info))
     (folder / "DONE").unlink()
+    (folder / "speed.log").unlink()
+    assert step().returncode == 0
+    assert "--overwrite" in (folder / "speed.log").read_text().splitlines()[0]
+    (folder / "DONE").unlink()
+    (folder / "speed.log").unlink()
     extra.append("--force")
     assert step().returncode == 0
     assert "--overwrite" in (folder / "speed.log").read_text().splitlines()[0]

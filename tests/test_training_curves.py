@@ -173,6 +173,54 @@ def test_heldout_probe_is_fixed_and_spread_over_the_stream():
         _tiny_cfg("x").override({"run.heldout_every": -1}).check()
 
 
+def test_heldout_probe_loss_in_slices_is_the_whole_batch_loss():
+    from attnbench.extrapolation.model import build_model
+    from attnbench.extrapolation.train import HeldoutProbe, masked_loss
+
+    cfg = _tiny_cfg("x")
+    torch.manual_seed(0)
+    model = build_model(cfg.model, cfg.variant_defs["E"]).double()
+    stream = torch.randint(0, 256, (5000,), generator=torch.Generator().manual_seed(1))
+    probe = HeldoutProbe.from_stream(stream, 16, 37, 0.15, 3, every=1)
+    whole = masked_loss(model, probe.inputs, probe.targets, probe.mask).item()
+    for windows in (1, 5, 37, 100):
+        assert probe.loss(model, torch.device("cpu"), windows) == pytest.approx(whole, rel=1e-12)
+
+
+def test_heldout_probe_windows_stay_inside_a_huge_stream():
+    from attnbench.extrapolation.train import HeldoutProbe
+
+    stream = torch.zeros(2**25 + 7, dtype=torch.uint8)  # float32 spacing would round past the end
+    probe = HeldoutProbe.from_stream(stream, 64, 256, 0.15, 0, every=250)
+    assert probe is not None and probe.inputs.shape == (256, 64)
+
+
+def test_resumed_run_keeps_the_heldout_schedule(corpus, tmp_path):
+    """Logged every 3 steps, probed every 4: measured at 6, 9 (first logged step past 8), 12.
+    A run killed after step 9 restarts from its step-5 checkpoint, whose history has no held-out
+    point yet: the multiple 4 is still due, so it measures at 6 again, then 9 and 12."""
+    full_out, cut_out = tmp_path / "full", tmp_path / "cut"
+    cfg = _tiny_cfg(corpus).override({"run.heldout_every": 4, "run.heldout_windows": 8})
+    full_out.mkdir()
+    run_extrapolate(cfg, _opts(full_out, log_every=3))
+
+    def kill(label, seed, step):
+        if step == 9:
+            raise Killed  # the last checkpoint is step 5's (ckpt_every 5)
+
+    cut_out.mkdir()
+    with pytest.raises(Killed):
+        run_extrapolate(cfg, _opts(cut_out, log_every=3, on_step=kill))
+    run_extrapolate(cfg, _opts(cut_out, log_every=3, resume=True))
+
+    def measured(out):
+        df = read_curve(curve_file(out))
+        return df[df["heldout_loss"].notna()]["step"].tolist()
+
+    assert measured(full_out) == [6, 9, 12]
+    assert measured(cut_out) == [6, 9, 12]
+
+
 def test_combine_keeps_curve_files_from_before_the_heldout_column(tmp_path):
     old = tmp_path / "old.csv"
     old.write_text("variant,seed,step,loss,lr,tokens_per_s,train_time_s\nO,0,50,2.5,0.001,10,1\n")

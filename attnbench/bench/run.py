@@ -493,8 +493,6 @@ class _Runner:
                 if m is None:
                     anchor_samples.append(self.clock.time_block(anchor, block))
                     continue
-                if m not in members:  # failed earlier in this round
-                    continue
                 try:
                     m.samples.append(self.clock.time_block(m.call, m.block))
                     continue

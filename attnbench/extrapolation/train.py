@@ -160,22 +160,35 @@ class HeldoutProbe:
         windows = min(windows, stream.numel() // length)
         if every < 1 or windows < 1:
             return None
-        starts = torch.linspace(0, stream.numel() - length, windows).long()  # (W,)
+        span = stream.numel() - length  # integer spacing: exact for any stream size
+        starts = torch.arange(windows) * span // max(windows - 1, 1)  # (W,)
         tokens = stream[starts[:, None] + torch.arange(length)].long()  # (W, L)
         mask = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(seed)) < mask_prob
         if not mask.any():
             mask[0, 0] = True
         return cls(tokens.masked_fill(mask, MASK_ID), tokens[mask], mask, every)
 
-    def loss(self, model: nn.Module, device: torch.device) -> float:
+    def loss(self, model: nn.Module, device: torch.device, windows: int = 64) -> float:
+        """Mean cross-entropy over the probe's masked tokens, ``windows`` windows at a time (at
+        most the memory of a training batch's forward)."""
         was_training = model.training
         model.eval()
+        total, first = 0.0, 0
         try:
             with torch.no_grad():
-                batch = (t.to(device) for t in (self.inputs, self.targets, self.mask))
-                return masked_loss(model, *batch).item()
+                for rows in torch.split(torch.arange(len(self.inputs)), max(1, windows)):
+                    mask = self.mask[rows]
+                    count = int(mask.sum())
+                    if count == 0:
+                        continue
+                    targets = self.targets[first : first + count]
+                    first += count
+                    hidden = model.hidden_at(self.inputs[rows].to(device), mask.to(device))
+                    logits = model.logits(hidden)
+                    total += F.cross_entropy(logits, targets.to(device), reduction="sum").item()
         finally:
             model.train(was_training)
+        return total / self.targets.numel()
 
 
 def masked_loss(model: nn.Module, inputs: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
@@ -405,7 +418,10 @@ def train(
     loss_value, smooth = float("nan"), None
     step = start
     logged_step, logged_at = start, t0
-    next_probe = (start // heldout.every + 1) * heldout.every if heldout is not None else None
+    next_probe = None
+    if heldout is not None:  # the first multiple of ``every`` not yet measured (also on resume)
+        measured = [p[0] for p in history if len(p) > 5 and not math.isnan(p[5])]
+        next_probe = ((measured[-1] if measured else 0) // heldout.every + 1) * heldout.every
     progress.start(title, cfg.steps, start)
     try:
         with StopFlag().installed() as stop:
@@ -436,7 +452,7 @@ def train(
                     rate = (step - logged_step) * tokens_per_step / max(now - logged_at, 1e-9)
                     heldout_loss, probe_s = math.nan, 0.0
                     if next_probe is not None and (step >= next_probe or step == cfg.steps):
-                        heldout_loss = heldout.loss(model, device)
+                        heldout_loss = heldout.loss(model, device, cfg.batch)
                         next_probe = (step // heldout.every + 1) * heldout.every
                         probe_s = time.perf_counter() - now
                         t0 += probe_s  # not training time

@@ -208,9 +208,10 @@ def note_signature(signature: Hashable) -> bool:
 
 def _signature(q: Tensor, k: Tensor, v: Tensor, *extra: Hashable) -> tuple:
     """What dynamo specialises the compiled call on: shapes, strides, dtypes, grad, the rest."""
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    tensors = tuple((tuple(t.shape), t.stride(), t.dtype, str(t.device)) for t in (q, k, v))
-    return (tensors, grad, *extra)
+    tensors = tuple(
+        (tuple(t.shape), t.stride(), t.dtype, str(t.device), t.requires_grad) for t in (q, k, v)
+    )  # dynamo guards on grad mode and on each tensor's requires_grad separately
+    return (tensors, torch.is_grad_enabled(), *extra)
 
 
 def check_call(q: Tensor, k: Tensor, v: Tensor) -> None:
