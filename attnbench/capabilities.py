@@ -77,12 +77,69 @@ def flex(device_type: str, backward: bool) -> str | None:
     return None
 
 
+#: Other projects' packages that library-backed paths run: requirement name (``package:KEY``)
+#: -> (distribution on the package index, lowest version tested, attnbench extra that installs
+#: it).
+PACKAGES: dict[str, tuple[str, str, str]] = {
+    "local-attention": ("local-attention", "1.9", "local"),
+}
+
+
+def package_version(distribution: str) -> str | None:
+    """The installed version of a distribution (None when it is not installed), without
+    importing it."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """'1.11.2' -> (1, 11, 2); '0.6.0rc1' -> (0, 6, 0): the numeric release only."""
+    parts = []
+    for piece in version.split("."):
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def package(key: str) -> Callable[[str, bool], str | None]:
+    """The check of ``PACKAGES[key]``: installed, at the lowest tested version or newer."""
+    distribution, lowest, extra = PACKAGES[key]
+
+    def check(device_type: str, backward: bool) -> str | None:
+        found = package_version(distribution)
+        if found is None:
+            return f'needs {distribution} >= {lowest} (pip install "attnbench[{extra}]")'
+        if _release(found) < _release(lowest):
+            return (
+                f"needs {distribution} >= {lowest}, found {found} "
+                f'(pip install -U "attnbench[{extra}]")'
+            )
+        return None
+
+    return check
+
+
 #: Requirement name -> check(device type, backward) -> None when met, else why not.
 CHECKS: dict[str, Callable[[str, bool], str | None]] = {
     "cuda": cuda,
     "triton": triton,
     "flex": flex,
+    **{f"package:{key}": package(key) for key in PACKAGES},
 }
+
+
+def library_versions() -> dict[str, str | None]:
+    """Every library package a path can use, with its installed version (None: not installed):
+    recorded in each result's sidecar."""
+    return {dist: package_version(dist) for dist, _, _ in PACKAGES.values()}
 
 
 def reasons(requires: list[str] | tuple[str, ...], device_type: str, backward: bool = False) -> str:

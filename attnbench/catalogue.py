@@ -102,6 +102,12 @@ def entries(device_type: str) -> list[dict[str, Any]]:
         for path in entry["paths"]:
             path["reason"] = capabilities.reasons(path["requires"], device_type)
             path["available"] = not path["reason"]
+            for name in path["requires"]:  # a library-backed path: its package, as installed
+                key = name.removeprefix("package:")
+                if key != name and key in capabilities.PACKAGES:
+                    distribution = capabilities.PACKAGES[key][0]
+                    path["package"] = distribution
+                    path["package_version"] = capabilities.package_version(distribution)
     return found
 
 

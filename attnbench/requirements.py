@@ -15,3 +15,6 @@ def _requirement(name: str) -> Requirement:
 CUDA = _requirement("cuda")
 TRITON = _requirement("triton")
 FLEX = _requirement("flex")
+
+#: Library-backed paths: the other project's package, at a tested version.
+LOCAL_ATTENTION = _requirement("package:local-attention")

@@ -117,6 +117,9 @@ def step_env(ctx: Context) -> int:
         info["triton"] = triton.__version__
     except ImportError:
         info["triton"] = None
+    from attnbench import capabilities
+
+    info["libraries"] = capabilities.library_versions()
     info["cuda_available"] = torch.cuda.is_available()
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
@@ -332,8 +335,8 @@ def step_sparse(ctx: Context) -> int:
     return speed_step(
         ctx, "gpu-sparse",
         ["softmax:efficient", "local:efficient", "atrous:efficient"],
-        mechanisms=[*DENSE_REFS, "local:flex", "bigbird:flex", "longnet:flex", "atrous:flex",
-                    "softmax-logn:flex"],
+        mechanisms=[*DENSE_REFS, "local:flex", "local:local-attention", "bigbird:flex",
+                    "longnet:flex", "atrous:flex", "softmax-logn:flex"],
         lengths=[8192, 32768], head_dims=[128], causal=[False],
         reference="softmax:sdpa-flash", params={"local": {"window": 512}},
     )  # fmt: skip

@@ -10,7 +10,8 @@
 #                                       # profiles, timing-order A/B (the GPU to itself)
 #   bash scripts/gpu_session.sh 3 OUT   # flex patterns, the paper rows' forward times
 #
-# Everything goes to $WORK (default /root/gpu-session, kept while the machine is held); each
+# Before the lease: bash scripts/fetch_library_wheels.sh (the library paths' wheels in .whl/,
+# carried with each command). Everything goes to $WORK (default /root/gpu-session, kept while the machine is held); each
 # command packs what it has into OUT/phaseN.tgz. The trainings run in their own process session
 # (setsid), so they outlive the command that started them. Phase budgets: PHASE_S seconds
 # (default 560) from the phase's start; every step gets what is left.
@@ -24,6 +25,12 @@ PHASE_S=${PHASE_S:-560}
 STEPS=${STEPS:-5000}
 WARMUP=${WARMUP:-500}
 export PYTHONPATH=$root PYTHONUNBUFFERED=1
+# The library-backed paths' packages, as wheels fetched beforehand by
+# scripts/fetch_library_wheels.sh (the device tool's call names .whl in `carry`).
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$root:/tmp/site
+fi
 export TORCHINDUCTOR_CACHE_DIR=$root/.gpucache/inductor TRITON_CACHE_DIR=$root/.gpucache/triton
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 mkdir -p "$WORK/logs" "$out"

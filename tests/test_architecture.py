@@ -1,6 +1,7 @@
 """The package's shape: dependencies point one way, and there is no import cycle.
 
-    cli -> bench, extrapolation -> api, layers, registry -> variants, kernels -> spec, measure
+    cli -> bench, extrapolation -> api, layers, registry -> variants, kernels, libraries -> spec,
+    measure
 
 Read from the source with ``ast`` (imports inside functions count too), so a cycle that only
 shows at run time, or only on some import order, is caught here.
@@ -14,12 +15,15 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent / "attnbench"
 
 #: Top-level parts of the package and the parts each must never import.
-_ABOVE_RECORDS = ("registry", "api", "layers", "variants", "kernels", "bench", "extrapolation")
+_ABOVE_RECORDS = (
+    "registry", "api", "layers", "variants", "kernels", "libraries", "bench", "extrapolation"
+)  # fmt: skip
 FORBIDDEN = {
     "spec": (*_ABOVE_RECORDS, "cli"),
     "sources": (*_ABOVE_RECORDS, "cli"),
     "measure": ("registry", "api", "layers", "variants", "bench", "extrapolation", "cli"),
     "kernels": ("registry", "api", "layers", "variants", "bench", "extrapolation", "cli"),
+    "libraries": ("registry", "api", "layers", "variants", "bench", "extrapolation", "cli"),
     "variants": ("registry", "api", "layers", "bench", "extrapolation", "cli"),
     "registry": ("api", "layers", "bench", "extrapolation", "cli"),
     "api": ("layers", "bench", "extrapolation", "cli"),

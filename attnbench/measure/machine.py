@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 import attnbench
+from attnbench import capabilities
 from attnbench.errors import AttnbenchError
 
 
@@ -233,6 +234,7 @@ def versions() -> dict[str, Any]:
         "triton": _dist_version("triton"),
         "numpy": _dist_version("numpy"),
         "attnbench": attnbench.__version__,
+        "libraries": capabilities.library_versions(),  # the library-backed paths' packages
     }
 
 

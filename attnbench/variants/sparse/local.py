@@ -20,6 +20,8 @@ from torch import Tensor
 
 from attnbench import sources
 from attnbench.kernels.flex import flex_fused
+from attnbench.libraries.local_attention import local_attention
+from attnbench.requirements import LOCAL_ATTENTION
 from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.sparse.common import band_block, masked_reference, window_count
 from attnbench.variants.sparse.engine import Band, Blocks, Part, attend, ceil_div
@@ -70,6 +72,14 @@ MECHANISM = Mechanism(
             note="query blocks against strided key-block windows; chunked, custom backward",
         ),
         flex_fused(visible, note="FlexAttention, window rule as a cached BlockMask"),
+        PathSpec(
+            "local-attention",
+            "efficient",
+            local_attention,
+            memory="O(n * window)",
+            requires=(LOCAL_ATTENTION,),
+            note="lucidrains' local-attention package: blocks of `window`, exact band mask",
+        ),
     ),
     visible=visible,
     pair_count=pair_count,

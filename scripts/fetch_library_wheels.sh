@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The wheels of the library-backed paths' packages (attnbench/libraries), for a GPU machine with
+# no network: fetched here into .whl/ (ignored by git, small enough to travel with the checkout),
+# installed there offline by scripts/gpu_session.sh (or by hand:
+#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+#   export PYTHONPATH=/tmp/site:$PYTHONPATH).
+# PYTHON_VERSION: the GPU machine's Python (default 3.12). Only pure-Python wheels are needed
+# today; --no-deps with each dependency named, so nothing pulls torch.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON_VERSION:-3.12}
+mkdir -p .whl
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
+  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
+  --platform any -d .whl \
+  "local-attention==1.11.2" "hyper-connections" "torch-einops-utils" "einops>=0.8"
+ls -la .whl
+du -sh .whl

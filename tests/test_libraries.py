@@ -1,0 +1,73 @@
+"""Library-backed paths (attnbench/libraries): the same operator as the mechanism's reference,
+a clear reason when the package is missing or too old, and the package named in the listing
+and in every result's sidecar."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnbench import capabilities, registry
+from attnbench.cli import app
+from attnbench.inputs import make_inputs
+from attnbench.measure import machine
+from attnbench.spec import Shape
+from attnbench.testing import compare_paths
+
+runner = CliRunner()
+LOCAL = registry.get("local")
+
+
+@pytest.fixture
+def local_attention_installed():
+    if LOCAL.path("local-attention").unavailable("cpu", True):
+        pytest.skip("local-attention is not installed (pip install 'attnbench[local]')")
+
+
+@pytest.mark.usefixtures("local_attention_installed")
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+@pytest.mark.parametrize(
+    ("t", "window", "dtype"),
+    [
+        (97, 8, torch.float64),  # T not a multiple of the window: padded keys must stay out
+        (130, 16, torch.float32),
+        (5, 64, torch.float32),  # window longer than the sequence
+        (1, 3, torch.float64),
+        (257, 32, torch.bfloat16),
+        (100, 7, torch.float16),
+    ],
+)
+def test_local_attention_package_is_the_local_mechanism(causal, t, window, dtype):
+    params = LOCAL.resolve({"window": window})
+    x = make_inputs(LOCAL, Shape(2, 3, t, 16), params, seed=3, dtype=dtype, requires_grad=True)
+    verdicts = compare_paths(LOCAL.path("local-attention"), LOCAL.reference, x,
+                             {"causal": causal, **params})  # fmt: skip
+    assert all(v.ok for v in verdicts), "; ".join(map(str, verdicts))
+
+
+def test_missing_or_old_package_is_a_reason_not_an_error(monkeypatch):
+    path = LOCAL.path("local-attention")
+    monkeypatch.setattr(capabilities, "package_version", lambda dist: None)
+    reason = path.unavailable("cpu")
+    assert reason == 'needs local-attention >= 1.9 (pip install "attnbench[local]")'
+    monkeypatch.setattr(capabilities, "package_version", lambda dist: "1.8.9")
+    assert "found 1.8.9" in path.unavailable("cpu")
+    monkeypatch.setattr(capabilities, "package_version", lambda dist: "1.10.0rc1")
+    assert path.unavailable("cpu") is None  # 1.10 > 1.9, numerically
+
+
+def test_listing_and_sidecar_name_the_package():
+    done = runner.invoke(app, ["list", "--format", "json"])
+    assert done.exit_code == 0, done.output
+    data = json.loads(done.stdout)
+    entries = data if isinstance(data, list) else data["mechanisms"]
+    (local,) = [e for e in entries if e["name"] == "local"]
+    (lib,) = [p for p in local["paths"] if p["name"] == "local-attention"]
+    assert lib["package"] == "local-attention"
+    assert lib["package_version"] == capabilities.package_version("local-attention")
+    assert all("package" not in p for p in local["paths"] if p["name"] != "local-attention")
+    libraries = machine.versions()["libraries"]
+    assert libraries["local-attention"] == capabilities.package_version("local-attention")
