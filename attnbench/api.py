@@ -68,6 +68,10 @@ def check_tensors(mech: Mechanism, q: Tensor, k: Tensor, v: Tensor) -> None:
         raise AttnbenchError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
 
 
+def _where(t: Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')} on {t.device}"
+
+
 def split_kwargs(mech: Mechanism, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Separate parameter values from extra input tensors; unknown names are an error."""
     extra_names = {e.name for e in mech.extra_inputs}
@@ -114,6 +118,14 @@ def prepare(
         if got != want:
             raise AttnbenchError(
                 f"{mech.name}: {spec.name} has shape {got} but this call needs {want} ({spec.doc})"
+            )
+        tensor = extras[spec.name]
+        if tensor.dtype != q.dtype or tensor.device != q.device:
+            # One rule for every extra input: the dtype and device of q, k, v (a float32 w with
+            # float16 q would otherwise fail deep inside a path, or turn its output float32).
+            raise AttnbenchError(
+                f"{mech.name}: {spec.name} is {_where(tensor)} but q, k, v are {_where(q)}; "
+                f"pass {spec.name}.to(q) (the extra inputs take q's dtype and device)"
             )
     backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, *extras.values()))
     chosen = mech.require(path, device=q.device, dtype=q.dtype, causal=causal, backward=backward)

@@ -30,11 +30,16 @@ from attnbench.errors import AttnbenchError
 HALF = (torch.float16, torch.bfloat16)
 
 
-def float32_sums(fn: Callable[..., Tensor]) -> Callable[..., Tensor]:
+def float32_sums(
+    fn: Callable[..., Tensor] | None = None, *, name: str | None = None
+) -> Callable[..., Tensor]:
     """Wrap a path ``fn(q, k, v, **kw)``: half tensors go in as float32, the output comes back in
-    q's dtype (gradients flow through both casts). Other dtypes pass unchanged."""
-
-    name = _name(fn)
+    q's dtype (gradients flow through both casts; an output beyond the dtype's range is refused
+    in one line naming ``name``, the ``mechanism:path`` a user asked for). Other dtypes pass
+    unchanged. ``@float32_sums`` or ``@float32_sums(name="retention:chunkwise")``."""
+    if fn is None:
+        return functools.partial(float32_sums, name=name)
+    name = name or _name(fn)
 
     @functools.wraps(fn)
     def wrapped(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:

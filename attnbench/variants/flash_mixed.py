@@ -44,7 +44,7 @@ from torch import Tensor
 from attnbench import sources
 from attnbench.errors import AttnbenchError
 from attnbench.kernels import triton_ops
-from attnbench.precision import float32_sums, refuse_overflow
+from attnbench.precision import float32_sums, refuse_overflow, to_dtype
 from attnbench.spec import ExtraInput, Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.gau import NORMS, sdpa_any_width
 
@@ -75,7 +75,7 @@ def _global_matrix(q_lin: Tensor, k_lin: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, a, torch.zeros((), dtype=a.dtype)) * _per_row(mask).to(a.dtype)
 
 
-@float32_sums
+@float32_sums(name="flash:reference")
 def flash_reference(
     q: Tensor,
     k: Tensor,
@@ -100,10 +100,12 @@ def flash_reference(
     return (a + _global_matrix(q_lin, k_lin, glob)) @ v  # (B, H, T, e)
 
 
+@float32_sums(name="mc-softmax:reference")
 def mc_reference(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, chunk: int, q_lin: Tensor, k_lin: Tensor
 ) -> Tensor:
-    """Dense MC-TFM: (softmax inside chunks, -inf elsewhere, + global linear matrix) v."""
+    """Dense MC-TFM: (softmax inside chunks, -inf elsewhere, + global linear matrix) v. Half
+    inputs are computed in float32 (the global matrix's sums pass float16's range first)."""
     T, D = q.shape[-2], q.shape[-1]
     local, glob = _masks(T, chunk, causal, q.device)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(D)  # (B, H, T, T)
@@ -139,7 +141,13 @@ def _relu2_block(q: Tensor, k: Tensor, v: Tensor, causal: bool, norm: str, s: in
 
 
 def _local_relu2(q: Tensor, k: Tensor, v: Tensor, causal: bool, chunk: int, norm: str) -> Tensor:
-    """FLASH's local part: [B, H, T, D] -> [B, H, T, e], one c x c block per chunk."""
+    """FLASH's local part: [B, H, T, D] -> [B, H, T, e], one c x c block per chunk.
+
+    Half inputs are computed in float32 (one cast back): the gradient with respect to the
+    row-scaled q is sqrt(c s) (or c) times dq, and in float16 it overflows where dq fits."""
+    if q.dtype in (torch.float16, torch.bfloat16):
+        out = _local_relu2(q.float(), k.float(), v.float(), causal, chunk, norm)
+        return to_dtype(out, q.dtype, "flash:efficient (its local part)")
     s = q.shape[-1]
     (qf, qr), (kf, kr), (vf, vr) = _chunks(q, chunk), _chunks(k, chunk), _chunks(v, chunk)
     parts = []
@@ -177,7 +185,9 @@ def _global_linear(q_lin: Tensor, k_lin: Tensor, v: Tensor, causal: bool, chunk:
     acc = torch.float32 if q_lin.dtype in (torch.float16, torch.bfloat16) else q_lin.dtype
     if not causal:
         state = (k_lin.to(acc).transpose(-2, -1) @ v.to(acc)) / T  # (B, H, D, e)
-        return q_lin @ state.to(q_lin.dtype)  # (B, H, T, e)
+        # The product in float32 too: its backward sums q_lin^T do over T, which passes
+        # float16's range where every gradient it leads to fits.
+        return (q_lin.to(acc) @ state).to(q_lin.dtype)  # (B, H, T, e)
     G = -(-T // chunk)  # chunks, the last maybe partial
     if G == 1:
         return q_lin.new_zeros(B, H, T, v.shape[-1])
@@ -187,9 +197,9 @@ def _global_linear(q_lin: Tensor, k_lin: Tensor, v: Tensor, causal: bool, chunk:
     vc = v[:, :, :done].reshape(B, H, G - 1, c, e).to(acc)
     states = (kc.transpose(-2, -1) @ vc).cumsum(2)  # (B, H, G-1, D, e): chunks 0..g-1, g = 1..G-1
     counts = torch.arange(1, G, dtype=acc, device=q_lin.device) * c  # (G-1,) tokens summed
-    states = (states / counts[:, None, None]).to(q_lin.dtype)
-    ql = F.pad(q_lin[:, :, c:], (0, 0, 0, G * c - T))  # (B, H, (G-1) c, D): chunks 1..G-1
-    out = ql.reshape(B, H, G - 1, c, D) @ states  # (B, H, G-1, c, e)
+    states = states / counts[:, None, None]  # (B, H, G-1, D, e), float32 for half inputs
+    ql = F.pad(q_lin[:, :, c:], (0, 0, 0, G * c - T)).to(acc)  # (B, H, (G-1) c, D): chunks 1..
+    out = (ql.reshape(B, H, G - 1, c, D) @ states).to(q_lin.dtype)  # (B, H, G-1, c, e)
     first = q_lin.new_zeros(B, H, c, e)  # chunk 0 sees no earlier chunk
     return torch.cat((first, out.reshape(B, H, (G - 1) * c, e)[:, :, : T - c]), dim=2)
 

@@ -99,44 +99,56 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class _Relu2Tiled(torch.autograd.Function):
-    """o_i = sum_j relu(q_i . k_j)^2 v_j over query tiles (row weights already folded into q)."""
+    """o_i = sum_j relu(w_i q_i . k_j)^2 v_j over query tiles, w_i = ``root_w[i]`` the square root
+    of row i's weight.
+
+    The row weight is applied inside, not folded into q before the call: the gradient with
+    respect to the scaled q is 1 / w_i (sqrt(n s), or n) times larger than dq, and in float16 that
+    intermediate overflows where dq itself fits by a wide margin. The backward computes the score
+    gradients in float32 for half inputs and scales by w_i before the one cast to q's dtype."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, causal: bool, tile: int) -> Tensor:
+    def forward(ctx, q: Tensor, root_w: Tensor, k: Tensor, v: Tensor, causal: bool,
+                tile: int) -> Tensor:  # fmt: skip
         B, H, T, _ = q.shape
+        w = root_w.to(q.dtype)  # (T, 1)
         o = q.new_empty(B, H, T, v.shape[-1])
         for i0 in range(0, T, tile):
             i1 = min(i0 + tile, T)
             end = i1 if causal else k.shape[-2]  # keys this tile can see
-            r = torch.relu_(q[:, :, i0:i1] @ k[:, :, :end].transpose(-2, -1))  # (B, H, t, end)
+            qt = q[:, :, i0:i1] * w[i0:i1]  # (B, H, t, s)
+            r = torch.relu_(qt @ k[:, :, :end].transpose(-2, -1))  # (B, H, t, end)
             if causal:
                 r[..., i0:end].masked_fill_(_upper(i1 - i0, q.device), 0.0)
             o[:, :, i0:i1] = r.square_() @ v[:, :, :end]  # (B, H, t, e)
-        ctx.save_for_backward(q, k, v)
+        ctx.save_for_backward(q, root_w, k, v)
         ctx.causal, ctx.tile = causal, tile
         return o
 
     @staticmethod
     def backward(ctx, do: Tensor):
-        q, k, v = ctx.saved_tensors
+        q, root_w, k, v = ctx.saved_tensors
         causal, tile = ctx.causal, ctx.tile
         T = q.shape[-2]
         acc = _acc_dtype(q.dtype)
+        w, w_acc = root_w.to(q.dtype), root_w.to(acc)  # (T, 1)
         dq = torch.empty_like(q)
         dk = torch.zeros(k.shape, dtype=acc, device=k.device)
         dv = torch.zeros(v.shape, dtype=acc, device=v.device)
         for i0 in range(0, T, tile):
             i1 = min(i0 + tile, T)
             end = i1 if causal else k.shape[-2]
-            qt, dot, kt, vt = q[:, :, i0:i1], do[:, :, i0:i1], k[:, :, :end], v[:, :, :end]
+            qt = (q[:, :, i0:i1] * w[i0:i1]).to(acc)  # the forward's scaled q, exactly
+            dot = do[:, :, i0:i1].to(acc)
+            kt, vt = k[:, :, :end].to(acc), v[:, :, :end].to(acc)
             r = torch.relu_(qt @ kt.transpose(-2, -1))  # (B, H, t, end)
             if causal:
                 r[..., i0:end].masked_fill_(_upper(i1 - i0, q.device), 0.0)
-            dv[:, :, :end] += (r.square().transpose(-2, -1) @ dot).to(acc)  # (B, H, end, e)
+            dv[:, :, :end] += r.square().transpose(-2, -1) @ dot  # (B, H, end, e)
             ds = (dot @ vt.transpose(-2, -1)).mul_(r).mul_(2.0)  # (B, H, t, end) dP * 2 relu
-            dq[:, :, i0:i1] = ds @ kt  # (B, H, t, s)
-            dk[:, :, :end] += (ds.transpose(-2, -1) @ qt).to(acc)  # (B, H, end, s)
-        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None
+            dq[:, :, i0:i1] = ((ds @ kt) * w_acc[i0:i1]).to(q.dtype)  # (B, H, t, s)
+            dk[:, :, :end] += ds.transpose(-2, -1) @ qt  # (B, H, end, s)
+        return dq, None, dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
 def _upper(t: int, device) -> Tensor:
@@ -172,7 +184,7 @@ def efficient(
     n = keys_seen(T, T, causal, q.device)  # (T, 1)
     if scoring == "relu2":
         root_w = (n * D).rsqrt() if norm == "ns" else 1.0 / n  # (T, 1) sqrt of the row weight
-        o = _Relu2Tiled.apply(q * root_w.to(q.dtype), k, v, causal, tile)
+        o = _Relu2Tiled.apply(q, root_w, k, v, causal, tile)
         return refuse_overflow(o, (q, k, v), "gau:efficient")
     if scoring == "softmax":
         row = torch.full_like(n, 1.0 / math.sqrt(D))  # (T, 1)

@@ -75,7 +75,7 @@ def reference(
     return aft_dense(q, k, v, bias, causal=False)
 
 
-@float32_sums
+@float32_sums(name="aft-conv:efficient")
 def conv(
     q: Tensor,
     k: Tensor,

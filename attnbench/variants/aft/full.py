@@ -134,7 +134,7 @@ def _triangle(w: Tensor, kf: Tensor, vf: Tensor, leaf: int) -> Partial:
     return tuple(torch.cat(pair, dim=0) for pair in zip(top, bottom, strict=True))
 
 
-@float32_sums
+@float32_sums(name="aft-full:efficient")
 def efficient(
     q: Tensor,
     k: Tensor,

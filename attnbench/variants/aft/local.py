@@ -52,7 +52,7 @@ def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, s: int, w: Tenso
     return aft_dense(q, k, v, band_to_dense(w, s), causal=causal)
 
 
-@float32_sums
+@float32_sums(name="aft-local:efficient")
 def banded(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, s: int, w: Tensor) -> Tensor:
     """Window densely, the rest by prefix/suffix sums. q, k, v: [B, H, T, D] -> [B, H, T, D]."""
     t = q.shape[-2]

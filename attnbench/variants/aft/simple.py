@@ -32,7 +32,7 @@ def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
     return aft_dense(q, k, v, torch.zeros(t, t, dtype=q.dtype, device=q.device), causal=causal)
 
 
-@float32_sums
+@float32_sums(name="aft-simple:efficient")
 def pooled(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
     """Global (or prefix) softmax pooling. q, k, v: [B, H, T, D] -> [B, H, T, D]."""
     if causal:

@@ -25,7 +25,7 @@ from attnbench.precision import float32_sums
 from attnbench.variants.retention.decay import finish, log_gammas, require_causal, with_ones
 
 
-@float32_sums
+@float32_sums(name="retention:chunkwise")
 def chunkwise(
     q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str, chunk: int
 ) -> Tensor:

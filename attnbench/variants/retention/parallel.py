@@ -12,11 +12,15 @@ import math
 import torch
 from torch import Tensor
 
+from attnbench.precision import float32_sums
 from attnbench.variants.retention.decay import log_gammas, require_causal
 
 
+@float32_sums(name="retention:parallel")
 def parallel(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str) -> Tensor:
-    """Dense T x T retention. q, k: [B, H, T, D], v: [B, H, T, Dv] -> [B, H, T, Dv]."""
+    """Dense T x T retention. q, k: [B, H, T, D], v: [B, H, T, Dv] -> [B, H, T, Dv]. Half inputs
+    are computed in float32, as the other retention paths are (the score sums of the row
+    normalisation pass float16's range long before the output does)."""
     require_causal(causal)
     _, h, t, d = q.shape
     pos = torch.arange(t, dtype=torch.float64, device=q.device)

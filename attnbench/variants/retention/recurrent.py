@@ -16,7 +16,7 @@ from attnbench.precision import float32_sums
 from attnbench.variants.retention.decay import finish, log_gammas, require_causal, with_ones
 
 
-@float32_sums
+@float32_sums(name="retention:recurrent")
 def recurrent(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str) -> Tensor:
     """One position at a time. q, k: [B, H, T, D], v: [B, H, T, Dv] -> [B, H, T, Dv]."""
     require_causal(causal)
