@@ -109,6 +109,13 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(parts)
 
 
+def older(found: str, lowest: str) -> bool:
+    """Whether release ``found`` is older than ``lowest`` ('1.9' equals '1.9.0')."""
+    a, b = _release(found), _release(lowest)
+    width = max(len(a), len(b))
+    return a + (0,) * (width - len(a)) < b + (0,) * (width - len(b))
+
+
 def package(key: str) -> Callable[[str, bool], str | None]:
     """The check of ``PACKAGES[key]``: installed, at the lowest tested version or newer."""
     distribution, lowest, extra = PACKAGES[key]
@@ -117,7 +124,7 @@ def package(key: str) -> Callable[[str, bool], str | None]:
         found = package_version(distribution)
         if found is None:
             return f'needs {distribution} >= {lowest} (pip install "attnbench[{extra}]")'
-        if _release(found) < _release(lowest):
+        if older(found, lowest):
             return (
                 f"needs {distribution} >= {lowest}, found {found} "
                 f'(pip install -U "attnbench[{extra}]")'

@@ -13,6 +13,7 @@ mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" \
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
   --platform any -d .whl \
-  "local-attention==1.11.2" "hyper-connections" "torch-einops-utils" "einops>=0.8"
+  "local-attention==1.11.2" "hyper-connections==0.4.11" "torch-einops-utils==0.2.0" \
+  "einops==0.8.2"  # the versions constraints.txt pins
 ls -la .whl
 du -sh .whl

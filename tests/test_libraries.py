@@ -71,3 +71,21 @@ def test_listing_and_sidecar_name_the_package():
     assert all("package" not in p for p in local["paths"] if p["name"] != "local-attention")
     libraries = machine.versions()["libraries"]
     assert libraries["local-attention"] == capabilities.package_version("local-attention")
+
+
+def test_release_comparison():
+    assert not capabilities.older("1.9", "1.9.0") and not capabilities.older("1.9.0", "1.9")
+    assert capabilities.older("1.8.9", "1.9") and not capabilities.older("1.10", "1.9")
+    assert not capabilities.older("1.11.2", "1.9")
+
+
+@pytest.mark.usefixtures("local_attention_installed")
+def test_a_package_that_does_not_import_is_a_one_line_error(monkeypatch):
+    import sys
+
+    from attnbench.errors import AttnbenchError
+
+    monkeypatch.setitem(sys.modules, "local_attention", None)  # installed but broken
+    x = make_inputs(LOCAL, Shape(1, 1, 9, 4), LOCAL.resolve({}), seed=0)
+    with pytest.raises(AttnbenchError, match="does not import"):
+        LOCAL.path("local-attention")(**x, causal=True, window=4)

@@ -8,9 +8,10 @@ keys a query, the n x n matrix never built. Mapped to ``local`` (query i sees ke
 * ``window_size = window``, one block back and (bidirectional) one forward, and
   ``exact_windowsize=True``, which masks the pairs of those blocks farther apart than
   ``window``: exactly the band.
-* ``autopad=True`` pads T to a multiple of the window, and a key mask of all True (padded with
-  False) keeps the padded keys out: without it a query near the end of a bidirectional sequence
-  would also attend to the zero keys of the padding.
+* ``autopad=True`` pads T to a multiple of the window; for a bidirectional call whose T is not a
+  multiple, a key mask of all True (padded with False) keeps the padded keys out: without it a
+  query near the end would also attend to the zero keys of the padding (causal calls never see
+  them).
 * no rotary embedding (``use_rotary_pos_emb=False``), scale 1/sqrt(d) (its default), no dropout.
 * layout: it packs every leading dimension, so [B, H, T, D] goes in and comes out as it is.
 
@@ -23,10 +24,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnbench.errors import AttnbenchError
+
 
 def local_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Tensor:
     """``local`` through ``local_attention.LocalAttention``: [B, H, T, D] -> [B, H, T, D]."""
-    from local_attention import LocalAttention
+    try:
+        from local_attention import LocalAttention
+    except ImportError as e:  # installed, but a dependency of it is missing or broken
+        raise AttnbenchError(
+            f"local:local-attention: the local-attention package does not import ({e}); "
+            'reinstall it: pip install -U "attnbench[local]"'
+        ) from None
 
     layer = LocalAttention(
         window_size=window,
@@ -37,5 +46,8 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: in
         autopad=True,
         use_rotary_pos_emb=False,
     )
-    keys = torch.ones(1, q.shape[-2], dtype=torch.bool, device=q.device)  # padding is masked
+    t = q.shape[-2]
+    keys = None  # only a bidirectional call with padding needs the key mask (one more fill)
+    if not causal and t % window:
+        keys = torch.ones(1, t, dtype=torch.bool, device=q.device)
     return layer(q, k, v, mask=keys)

@@ -143,9 +143,10 @@ def _relu2_block(q: Tensor, k: Tensor, v: Tensor, causal: bool, norm: str, s: in
 def _local_relu2(q: Tensor, k: Tensor, v: Tensor, causal: bool, chunk: int, norm: str) -> Tensor:
     """FLASH's local part: [B, H, T, D] -> [B, H, T, e], one c x c block per chunk.
 
-    Half inputs are computed in float32 (one cast back): the gradient with respect to the
-    row-scaled q is sqrt(c s) (or c) times dq, and in float16 it overflows where dq fits."""
-    if q.dtype in (torch.float16, torch.bfloat16):
+    float16 inputs are computed in float32 (one cast back): the gradient with respect to the
+    row-scaled q is sqrt(c s) (or c) times dq, and in float16 it overflows where dq fits
+    (bfloat16 has float32's range)."""
+    if q.dtype == torch.float16:
         out = _local_relu2(q.float(), k.float(), v.float(), causal, chunk, norm)
         return to_dtype(out, q.dtype, "flash:efficient (its local part)")
     s = q.shape[-1]
@@ -183,11 +184,12 @@ def _global_linear(q_lin: Tensor, k_lin: Tensor, v: Tensor, causal: bool, chunk:
     """The global part without a T x T tensor. [B, H, T, D] -> [B, H, T, e]."""
     B, H, T, D = q_lin.shape
     acc = torch.float32 if q_lin.dtype in (torch.float16, torch.bfloat16) else q_lin.dtype
+    prod = torch.float32 if q_lin.dtype == torch.float16 else q_lin.dtype  # q_lin . state
     if not causal:
         state = (k_lin.to(acc).transpose(-2, -1) @ v.to(acc)) / T  # (B, H, D, e)
-        # The product in float32 too: its backward sums q_lin^T do over T, which passes
-        # float16's range where every gradient it leads to fits.
-        return (q_lin.to(acc) @ state).to(q_lin.dtype)  # (B, H, T, e)
+        # For float16 the product in float32 too: its backward sums q_lin^T do over T, which
+        # passes float16's range where every gradient it leads to fits.
+        return (q_lin.to(prod) @ state.to(prod)).to(q_lin.dtype)  # (B, H, T, e)
     G = -(-T // chunk)  # chunks, the last maybe partial
     if G == 1:
         return q_lin.new_zeros(B, H, T, v.shape[-1])
@@ -197,8 +199,8 @@ def _global_linear(q_lin: Tensor, k_lin: Tensor, v: Tensor, causal: bool, chunk:
     vc = v[:, :, :done].reshape(B, H, G - 1, c, e).to(acc)
     states = (kc.transpose(-2, -1) @ vc).cumsum(2)  # (B, H, G-1, D, e): chunks 0..g-1, g = 1..G-1
     counts = torch.arange(1, G, dtype=acc, device=q_lin.device) * c  # (G-1,) tokens summed
-    states = states / counts[:, None, None]  # (B, H, G-1, D, e), float32 for half inputs
-    ql = F.pad(q_lin[:, :, c:], (0, 0, 0, G * c - T)).to(acc)  # (B, H, (G-1) c, D): chunks 1..
+    states = (states / counts[:, None, None]).to(prod)  # (B, H, G-1, D, e)
+    ql = F.pad(q_lin[:, :, c:], (0, 0, 0, G * c - T)).to(prod)  # (B, H, (G-1) c, D): chunks 1..
     out = (ql.reshape(B, H, G - 1, c, D) @ states).to(q_lin.dtype)  # (B, H, G-1, c, e)
     first = q_lin.new_zeros(B, H, c, e)  # chunk 0 sees no earlier chunk
     return torch.cat((first, out.reshape(B, H, (G - 1) * c, e)[:, :, : T - c]), dim=2)

@@ -105,7 +105,7 @@ class _Relu2Tiled(torch.autograd.Function):
     The row weight is applied inside, not folded into q before the call: the gradient with
     respect to the scaled q is 1 / w_i (sqrt(n s), or n) times larger than dq, and in float16 that
     intermediate overflows where dq itself fits by a wide margin. The backward computes the score
-    gradients in float32 for half inputs and scales by w_i before the one cast to q's dtype."""
+    gradients in float32 for float16 inputs and scales by w_i before the one cast to q's dtype."""
 
     @staticmethod
     def forward(ctx, q: Tensor, root_w: Tensor, k: Tensor, v: Tensor, causal: bool,
@@ -130,24 +130,29 @@ class _Relu2Tiled(torch.autograd.Function):
         q, root_w, k, v = ctx.saved_tensors
         causal, tile = ctx.causal, ctx.tile
         T = q.shape[-2]
-        acc = _acc_dtype(q.dtype)
-        w, w_acc = root_w.to(q.dtype), root_w.to(acc)  # (T, 1)
+        acc = _acc_dtype(q.dtype)  # the sums over tiles
+        # The per-tile products: float32 for float16, whose range the scaled-q gradient passes;
+        # bfloat16 has float32's range and keeps its own arithmetic.
+        work = torch.float32 if q.dtype == torch.float16 else q.dtype
+        w = root_w.to(q.dtype)  # (T, 1), rounded as the forward used it
+        w_work = w.to(work)
+        kw, vw = k.to(work), v.to(work)  # once, not per tile
         dq = torch.empty_like(q)
         dk = torch.zeros(k.shape, dtype=acc, device=k.device)
         dv = torch.zeros(v.shape, dtype=acc, device=v.device)
         for i0 in range(0, T, tile):
             i1 = min(i0 + tile, T)
             end = i1 if causal else k.shape[-2]
-            qt = (q[:, :, i0:i1] * w[i0:i1]).to(acc)  # the forward's scaled q, exactly
-            dot = do[:, :, i0:i1].to(acc)
-            kt, vt = k[:, :, :end].to(acc), v[:, :, :end].to(acc)
+            qt = (q[:, :, i0:i1] * w[i0:i1]).to(work)  # the forward's scaled q, exactly
+            dot = do[:, :, i0:i1].to(work)
+            kt, vt = kw[:, :, :end], vw[:, :, :end]
             r = torch.relu_(qt @ kt.transpose(-2, -1))  # (B, H, t, end)
             if causal:
                 r[..., i0:end].masked_fill_(_upper(i1 - i0, q.device), 0.0)
-            dv[:, :, :end] += r.square().transpose(-2, -1) @ dot  # (B, H, end, e)
+            dv[:, :, :end] += (r.square().transpose(-2, -1) @ dot).to(acc)  # (B, H, end, e)
             ds = (dot @ vt.transpose(-2, -1)).mul_(r).mul_(2.0)  # (B, H, t, end) dP * 2 relu
-            dq[:, :, i0:i1] = ((ds @ kt) * w_acc[i0:i1]).to(q.dtype)  # (B, H, t, s)
-            dk[:, :, :end] += ds.transpose(-2, -1) @ qt  # (B, H, end, s)
+            dq[:, :, i0:i1] = ((ds @ kt) * w_work[i0:i1]).to(q.dtype)  # (B, H, t, s)
+            dk[:, :, :end] += (ds.transpose(-2, -1) @ qt).to(acc)  # (B, H, end, s)
         return dq, None, dk.to(k.dtype), dv.to(v.dtype), None, None
 
 
