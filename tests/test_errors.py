@@ -58,14 +58,21 @@ def test_python_errors(call, message):
         (["check", "softmax", "--path", "fused"], "has no path 'fused'"),
         (["check", "softmax", "--param", "tile=3"], "takes no parameters"),
         (["list", "--family", "nope"], "unknown family"),
+        (["run", "speed", "--resume", "--overwrite"], "exclude each other"),
+        (["compare", "a.csv", "b.csv", "--mem-tolerance", "nan"], "a finite number >= 0"),
+        (["run", "extrapolate", "--lr", "inf", "--steps", "1"], "invalid lr=inf"),
+        (["run", "extrapolate", "--lr", "nan", "--steps", "1"], "invalid lr=nan"),
+        (["run", "extrapolate", "--set", "train.grad_clip=nan"], "invalid grad_clip=nan"),
     ],
 )
-def test_cli_errors(args, message):
+def test_cli_errors(args, message, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing may be written, and nothing is
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert "Traceback" not in result.output
+    assert not any(tmp_path.iterdir()), list(tmp_path.iterdir())
 
 
 def test_cli_usage_error_exit_code():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -121,8 +122,8 @@ def compare_cmd(
     if not 0 < p_value < 0.5:
         raise AttnbenchError(f"--p-value {p_value}: accepted: a probability in (0, 0.5)")
     for name, value in (("--mem-tolerance", mem_tolerance), ("--mem-slack", mem_slack)):
-        if value < 0:
-            raise AttnbenchError(f"{name} {value}: accepted: a number >= 0")
+        if not (math.isfinite(value) and value >= 0):  # NaN compares false with everything
+            raise AttnbenchError(f"{name} {value}: accepted: a finite number >= 0")
     from attnbench.bench.compare import Thresholds, as_json, compare
 
     thresholds = Thresholds(

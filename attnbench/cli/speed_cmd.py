@@ -483,6 +483,11 @@ def speed(
     """
     if summary_format not in SUMMARY_FORMATS:
         raise AttnbenchError(f"--format {summary_format!r}: accepted: {', '.join(SUMMARY_FORMATS)}")
+    if resume and overwrite:
+        raise AttnbenchError(
+            "--resume and --overwrite exclude each other: --resume keeps the rows in --out and "
+            "runs the missing cases, --overwrite runs everything again"
+        )
     from attnbench.bench.config import load_suite, override
     from attnbench.bench.run import run_speed
 

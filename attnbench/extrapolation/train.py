@@ -87,8 +87,12 @@ class TrainConfig:
         for name in ("batch", "steps"):
             if getattr(self, name) < 1:
                 raise AttnbenchError(f"invalid {name}={getattr(self, name)}; accepted: >= 1")
-        if self.lr <= 0:
-            raise AttnbenchError(f"invalid lr={self.lr}; accepted: > 0")
+        if not (math.isfinite(self.lr) and self.lr > 0):  # inf trains to NaN; NaN crashes
+            raise AttnbenchError(f"invalid lr={self.lr}; accepted: a finite number > 0")
+        for name in ("weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise AttnbenchError(f"invalid {name}={value}; accepted: a finite number >= 0")
         if self.warmup < 0:
             raise AttnbenchError(f"invalid warmup={self.warmup}; accepted: >= 0")
         if not 0.0 < self.mask_prob < 1.0:
