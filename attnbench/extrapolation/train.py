@@ -177,22 +177,16 @@ class HeldoutProbe:
         most the memory of a training batch's forward)."""
         was_training = model.training
         model.eval()
-        total, first = 0.0, 0
+        batch = (self.inputs, self.targets, self.mask)
+        step = max(1, windows)
         try:
-            with torch.no_grad():
-                for rows in torch.split(torch.arange(len(self.inputs)), max(1, windows)):
-                    mask = self.mask[rows]
-                    count = int(mask.sum())
-                    if count == 0:
-                        continue
-                    targets = self.targets[first : first + count]
-                    first += count
-                    hidden = model.hidden_at(self.inputs[rows].to(device), mask.to(device))
-                    logits = model.logits(hidden)
-                    total += F.cross_entropy(logits, targets.to(device), reduction="sum").item()
+            with torch.no_grad():  # each slice's share of the mean, as a rank's under torchrun
+                return sum(
+                    share_loss(model, batch, slice(i, i + step), device).item()
+                    for i in range(0, len(self.inputs), step)
+                )
         finally:
             model.train(was_training)
-        return total / self.targets.numel()
 
 
 def masked_loss(model: nn.Module, inputs: Tensor, targets: Tensor, mask: Tensor) -> Tensor:

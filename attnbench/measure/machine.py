@@ -10,7 +10,6 @@ dispatch on. A baseline from another class or signature is skipped, not failed.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import os
 import platform
 import subprocess
@@ -215,13 +214,6 @@ def machine(device: torch.device) -> dict[str, Any]:
     return info
 
 
-def _dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def versions() -> dict[str, Any]:
     """The software a result was measured with (every experiment records this one dict)."""
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
@@ -231,8 +223,8 @@ def versions() -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": cudnn,
-        "triton": _dist_version("triton"),
-        "numpy": _dist_version("numpy"),
+        "triton": capabilities.package_version("triton"),
+        "numpy": capabilities.package_version("numpy"),
         "attnbench": attnbench.__version__,
         "libraries": capabilities.library_versions(),  # the library-backed paths' packages
     }
