@@ -82,6 +82,8 @@ def flex(device_type: str, backward: bool) -> str | None:
 #: it).
 PACKAGES: dict[str, tuple[str, str, str]] = {
     "local-attention": ("local-attention", "1.9", "local"),
+    "fla-core": ("fla-core", "0.6", "fla"),
+    "sageattention": ("sageattention", "1.0", "sage"),
 }
 
 

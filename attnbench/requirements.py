@@ -18,3 +18,5 @@ FLEX = _requirement("flex")
 
 #: Library-backed paths: the other project's package, at a tested version.
 LOCAL_ATTENTION = _requirement("package:local-attention")
+FLA_CORE = _requirement("package:fla-core")
+SAGEATTENTION = _requirement("package:sageattention")

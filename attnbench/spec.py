@@ -198,6 +198,13 @@ class PathSpec:
     memory: str
     requires: tuple[Requirement, ...] = ()
     note: str = ""
+    #: False: forward only (the kernel has no backward); asked for a backward, the path is
+    #: not supported, with that reason.
+    backward: bool = True
+    #: An approximate path (a quantised kernel) is judged by its own bound: its output's
+    #: largest error against the float64 oracle, relative to the oracle's largest magnitude.
+    #: None: an exact path, judged by flash-attention's rule (:mod:`attnbench.testing`).
+    tolerance: float | None = None
 
     def __call__(self, *args: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         return self.fn(*args, **self.arguments(kwargs))
@@ -216,7 +223,10 @@ class PathSpec:
         if device is None:
             return []
         device = torch.device(device)
-        return [r for r in (req.check(device, backward) for req in self.requires) if r]
+        found = [r for r in (req.check(device, backward) for req in self.requires) if r]
+        if backward and not self.backward:
+            found.append(f"{self.name} is forward only (no backward)")
+        return found
 
     def unavailable(self, device: torch.device | str = "cpu", backward: bool = False) -> str | None:
         """Why this path cannot run on ``device`` (None when it can), every reason in one line."""

@@ -14,6 +14,6 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" 
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
   --platform any -d .whl \
   "local-attention==1.11.2" "hyper-connections==0.4.11" "torch-einops-utils==0.2.0" \
-  "einops==0.8.2"  # the versions constraints.txt pins
+  "einops==0.8.2" "fla-core==0.6.0" "sageattention==1.0.6"  # the versions constraints.txt pins
 ls -la .whl
 du -sh .whl

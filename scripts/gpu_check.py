@@ -21,10 +21,17 @@ SIGINT, which ends it cleanly with every finished row on disk.
                  n = 1k..64k: the crossovers
   6 extrapolate  a few hundred steps of ``run extrapolate --preset paper``: the step time
   7 flash-batch1 FLASH (Triton) at batch 1, n = 8k and 64k
-  8 profile      torch.profiler: top kernels of one call of causal linear:triton at 8k and
+  8 profile      torch.profiler: top kernels of one call of causal linear:triton (and FLA's
+                 chunk kernel) at 8k, SDPA default and cuDNN at 16k, and
                  bidirectional flash:triton at 16k
   9 order        the same dense cases timed with a round's order fixed, reversed and rotated
   10 paper-rows  the paper model's attention (hidden 384, 6 x 64) per extrapolation row, forward
+  11 tests-libraries  pytest -m "gpu and library": the library-backed paths (FLA, SageAttention)
+  12 libraries   FLA's causal chunk / recurrent kernels beside attnbench's Triton kernels and
+                 dense flash / cuDNN, 1k..64k
+  13 sage        SageAttention (8-bit, forward) beside the exact dense kernels, 1k..64k
+  14 local-libraries  the causal window by flex, FLA and local-attention, 8k and 32k
+  15 gaps        round 2's missing rows: Triton causal 64k, FLASH batch 1 64k, dense hd64 causal
 
 ``--dry-run`` runs every step on the CPU with tiny shapes and the paths a CPU has (the tests
 steps only collect), so that CI finds a typo in this script, not the GPU. Nothing here needs a
@@ -180,8 +187,8 @@ def nvidia_smi() -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def pytest_step(ctx: Context, selection: str) -> int:
-    cmd = [ctx.python, "-m", "pytest", "-o", "addopts=", "-m", "gpu", "-k", selection,
+def pytest_step(ctx: Context, selection: str, marker: str = "gpu") -> int:
+    cmd = [ctx.python, "-m", "pytest", "-o", "addopts=", "-m", marker, "-k", selection,
            "-p", "no:cacheprovider", "-q", "-rfEs", "--tb=short", "tests/test_fused_gpu.py",
            f"--junitxml={ctx.out / 'junit.xml'}"]  # fmt: skip
     if ctx.dry:
@@ -398,12 +405,81 @@ def step_paper_rows(ctx: Context) -> int:
     )  # fmt: skip
 
 
+#: FLA's kernels and ours for the same causal operators, beside causal dense flash and cuDNN.
+LIBRARY_CAUSAL = ["linear:triton", "linear:fla-chunk", "linear:fla-recurrent",
+                  "retention:triton", "retention:fla-chunk", "softmax:fla-parallel"]  # fmt: skip
+
+
+def step_libraries(ctx: Context) -> int:
+    """FLA's chunk and recurrent kernels against attnbench's Triton kernels and dense
+    flash / cuDNN, causal, 1k..64k, head dim 128, fwd and fwd+bwd: one run, so every ratio is
+    taken round by round."""
+    return speed_step(
+        ctx, "gpu-libraries",
+        ["softmax:efficient", "linear:chunkwise", "retention:chunkwise"],
+        mechanisms=[*DENSE_REFS, *LIBRARY_CAUSAL],
+        lengths=[1024, 4096, 16384, 65536], head_dims=[128], causal=[True],
+        reference="softmax:sdpa-cudnn", group_budget_s=6.0,
+    )  # fmt: skip
+
+
+def step_sage(ctx: Context) -> int:
+    """SageAttention (8-bit, approximate, forward only) against the exact dense kernels."""
+    return speed_step(
+        ctx, "gpu-sage",
+        ["softmax:efficient", "softmax:reference"],
+        mechanisms=["softmax:sage", *DENSE_REFS, "softmax:efficient"],
+        lengths=[1024, 4096, 16384, 65536], head_dims=[128, 64], causal=[False, True],
+        reference="softmax:sdpa-cudnn", directions=("fwd",), group_budget_s=4.0,
+    )  # fmt: skip
+
+
+def step_local_libraries(ctx: Context) -> int:
+    """The causal local window (512) by FlexAttention, FLA's windowed parallel_attn and
+    lucidrains' local-attention, against dense flash and cuDNN, 8k and 32k."""
+    return speed_step(
+        ctx, "gpu-local-libraries",
+        ["softmax:efficient", "local:efficient", "local:local-attention"],
+        mechanisms=[*DENSE_REFS, "local:flex", "local:fla-parallel", "local:local-attention"],
+        lengths=[8192, 32768], head_dims=[128], causal=[True],
+        reference="softmax:sdpa-cudnn", params={"local": {"window": 512}},
+    )  # fmt: skip
+
+
+def step_gaps(ctx: Context) -> int:
+    """The rows round 2's budgets cut: causal Triton linear / retention / GAU at 64k, FLASH at
+    batch 1 and 64k, dense head dim 64 causal at 64k (each its own sweep)."""
+    third = ctx.budget_s / 3
+    worst = speed_step(
+        ctx, "gpu-gaps-triton-64k",
+        ["softmax:efficient", "linear:chunkwise"], sub="triton-64k", budget_s=third,
+        mechanisms=[*DENSE_REFS, "linear:triton", "retention:triton", "gau:triton"],
+        lengths=[65536], head_dims=[128], causal=[True], reference="softmax:sdpa-cudnn",
+    )  # fmt: skip
+    worst = worst or speed_step(
+        ctx, "gpu-gaps-flash-batch1",
+        ["softmax:efficient", "flash:efficient"], sub="flash-batch1", budget_s=third,
+        mechanisms=["flash:triton", *DENSE_REFS],
+        lengths=[8192, 65536], head_dims=[128], causal=[False], reference="", tokens=1,
+    )  # fmt: skip
+    return worst or speed_step(
+        ctx, "gpu-gaps-dense-hd64",
+        ["softmax:efficient", "softmax-logn:efficient"], sub="dense-hd64", budget_s=third,
+        mechanisms=DENSE, lengths=[65536], head_dims=[64], causal=[True],
+        reference="softmax:sdpa-cudnn", group_budget_s=6.0,
+    )  # fmt: skip
+
+
 # --------------------------------------------------------------------------------------------
 # Step 8: what costs the time (torch.profiler)
 # --------------------------------------------------------------------------------------------
 
-#: (mechanism:path, n, causal, batch): the slow paths whose time a profile explains.
-PROFILED = [("linear:triton", 8192, True, 2), ("flash:triton", 16384, False, 1)]
+#: (mechanism:path, n, causal, batch): the slow paths whose time a profile explains, FLA's
+#: kernel for the same operator, and SDPA's own choice beside the pinned cuDNN backend (which
+#: kernels does the default run, and what else?).
+PROFILED = [("linear:triton", 8192, True, 2), ("flash:triton", 16384, False, 1),
+            ("linear:fla-chunk", 8192, True, 2), ("softmax:efficient", 16384, False, 1),
+            ("softmax:sdpa-cudnn", 16384, False, 1)]  # fmt: skip
 
 
 def step_profile(ctx: Context) -> int:
@@ -433,6 +509,10 @@ def profile_main(out: Path, dry: bool) -> int:
             path_name = next(p.name for p in mech.paths if p.kind != "fused")
             n = 256
         fn = mech.path(path_name)
+        why = fn.unavailable(device, backward=True)
+        if why:
+            print(f"{item}: not profiled ({why})")
+            continue
         params = mech.defaults
         shape = mech.shape_for(Shape(batch, 16 if not dry else 2, n, 128 if not dry else 32),
                                params)  # fmt: skip
@@ -520,6 +600,11 @@ STEPS: dict[str, tuple[int, Callable[[Context], int]]] = {
     "profile": (8, step_profile),
     "order": (9, step_order),
     "paper-rows": (10, step_paper_rows),
+    "tests-libraries": (11, lambda ctx: pytest_step(ctx, "", marker="gpu and library")),
+    "libraries": (12, step_libraries),
+    "sage": (13, step_sage),
+    "local-libraries": (14, step_local_libraries),
+    "gaps": (15, step_gaps),
 }
 
 

@@ -9,6 +9,10 @@
 #   bash scripts/gpu_session.sh 2 OUT   # waits for the evaluation; dense, Triton, FLASH batch 1,
 #                                       # profiles, timing-order A/B (the GPU to itself)
 #   bash scripts/gpu_session.sh 3 OUT   # flex patterns, the paper rows' forward times
+#   bash scripts/gpu_session.sh 4 OUT   # round 3: env, the library paths' GPU tests, FLA's
+#                                       # kernels beside ours (the GPU to itself)
+#   bash scripts/gpu_session.sh 5 OUT   # round 3: SageAttention, the causal window by three
+#                                       # libraries, round 2's missing rows, profiles
 #
 # Before the lease: bash scripts/fetch_library_wheels.sh (the library paths' wheels in .whl/,
 # carried with each command). Everything goes to $WORK (default /root/gpu-session, kept while the machine is held); each
@@ -110,5 +114,22 @@ case $phase in
   step 10 $(( $(left) - 20 )) 20
   pack
   ;;
-*) echo "unknown phase $phase; accepted: 1, 2, 3"; exit 2 ;;
+4)
+  # Round 3, the library kernels: env, their GPU tests, then FLA beside our Triton kernels.
+  nvidia-smi > "$WORK/logs/nvidia-smi-start.txt" 2>&1
+  step 0 60
+  step 11 180
+  step 12 $(( $(left) - 20 )) 20
+  pack
+  ;;
+5)
+  # Round 3, the rest: SageAttention, the causal window by three libraries, round 2's missing
+  # rows, the profiles (FLA's chunk kernel, SDPA's default beside cuDNN).
+  step 13 130
+  step 14 110
+  step 15 180
+  step 8 $(( $(left) - 20 )) 20
+  pack
+  ;;
+*) echo "unknown phase $phase; accepted: 1-5"; exit 2 ;;
 esac

@@ -24,19 +24,25 @@ def test_runbook_every_step_in_dry_mode(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     steps = ["env", "tests-fused", "tests-flex", "dense", "sparse", "triton", "extrapolate",
-             "flash-batch1", "profile", "order", "paper-rows"]  # fmt: skip
+             "flash-batch1", "profile", "order", "paper-rows", "tests-libraries", "libraries",
+             "sage", "local-libraries", "gaps"]  # fmt: skip
     for number, name in enumerate(steps):
         assert (tmp_path / f"{number}-{name}" / "DONE").is_file(), done.stdout
     sweeps = ["3-dense", "4-sparse", "5-triton", "7-flash-batch1", "10-paper-rows"]
     sweeps += [f"9-order/{order}" for order in ("fixed", "reversed", "rotate")]
+    sweeps += ["12-libraries", "13-sage", "14-local-libraries"]
+    sweeps += [f"15-gaps/{sub}" for sub in ("triton-64k", "flash-batch1", "dense-hd64")]
     for step in sweeps:
         rows = (tmp_path / step / "results" / "results.csv").read_text().splitlines()
         assert len(rows) > 1 and all(",error," not in r for r in rows), step
     profiles = sorted(p.name for p in (tmp_path / "8-profile").glob("*.txt"))
-    assert len(profiles) == 4 and all("fwd" in p for p in profiles), profiles
+    # dry: each profiled path's mechanism by a CPU path (linear and softmax twice, same files)
+    assert len(profiles) == 6 and all("fwd" in p for p in profiles), profiles
     assert 'order = "fixed"' in (tmp_path / "9-order" / "fixed" / "suite.toml").read_text()
     assert 'order = "reversed"' in (tmp_path / "9-order" / "reversed" / "suite.toml").read_text()
     assert "collected" in (tmp_path / "1-tests-fused" / "pytest.log").read_text()
+    libraries = (tmp_path / "11-tests-libraries" / "pytest.log").read_text()
+    assert "fla-chunk" in libraries and "softmax:sage" in libraries and "sdpa" not in libraries
     # Resume: a finished step is not run again.
     again = subprocess.run(
         [sys.executable, "scripts/gpu_check.py", "0", str(tmp_path), "--dry-run"],

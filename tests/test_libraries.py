@@ -68,9 +68,13 @@ def test_listing_and_sidecar_name_the_package():
     (lib,) = [p for p in local["paths"] if p["name"] == "local-attention"]
     assert lib["package"] == "local-attention"
     assert lib["package_version"] == capabilities.package_version("local-attention")
-    assert all("package" not in p for p in local["paths"] if p["name"] != "local-attention")
+    (fla,) = [p for p in local["paths"] if p["name"] == "fla-parallel"]
+    assert fla["package"] == "fla-core"
+    library_paths = {"local-attention", "fla-parallel"}
+    assert all("package" not in p for p in local["paths"] if p["name"] not in library_paths)
     libraries = machine.versions()["libraries"]
-    assert libraries["local-attention"] == capabilities.package_version("local-attention")
+    for dist in ("local-attention", "fla-core", "sageattention"):
+        assert libraries[dist] == capabilities.package_version(dist)
 
 
 def test_release_comparison():

@@ -66,7 +66,12 @@ def check(
     # cannot run here are listed as skipped, with the reason.
     paths = (
         [
-            mech.require(p, device=device, dtype=getattr(torch, dtype), backward=mech.backward)
+            mech.require(
+                p,
+                device=device,
+                dtype=getattr(torch, dtype),
+                backward=mech.backward and mech.select(p).backward,
+            )
             for p in path
         ]
         if path
@@ -85,14 +90,21 @@ def check(
     kwargs = {"causal": causal, **params}
     for p in paths:
         reasons = mech.not_supported_reasons(
-            p, device=device, dtype=getattr(torch, dtype), backward=mech.backward
+            p, device=device, dtype=getattr(torch, dtype), backward=mech.backward and p.backward
         )
         reason = "; ".join(reasons)
         if reason:
             table.add_row(p.name, "-", "-", "-", "-", f"[yellow]skipped: {reason}[/yellow]")
             continue
         try:
-            verdicts = compare_paths(p, mech.reference, inputs, kwargs, backward=mech.backward)
+            verdicts = compare_paths(
+                p,
+                mech.reference,
+                inputs,
+                kwargs,
+                backward=mech.backward and p.backward,
+                tolerance=p.tolerance,
+            )
         except AttnbenchError as e:  # the path refuses these params / this call
             if path:  # asked for by name: one line, exit 2
                 raise

@@ -42,7 +42,9 @@ from torch import Tensor
 
 from attnbench import sources
 from attnbench.kernels import triton_ops
+from attnbench.libraries import fla
 from attnbench.precision import float32_sums, refuse_overflow, to_dtype
+from attnbench.requirements import FLA_CORE
 from attnbench.spec import Mechanism, Param, PathSpec, Shape, positive_int
 
 
@@ -237,6 +239,19 @@ def triton(
     return (num.float() / (den + eps)).to(v.dtype)
 
 
+def _fla(form: str) -> Callable[..., Tensor]:
+    def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, feature_map: str, normalize: bool):
+        """FLA's causal linear attention on phi(Q), phi(K) (the feature map in float32, cast
+        back, as the Triton path): scale 1, FLA's normaliser (+1e-10, not ``eps``). Its sum is
+        kept in the input dtype: float16 past 65504 is refused, never inf."""
+        fq, fk = phi(q.float(), feature_map).to(q.dtype), phi(k.float(), feature_map).to(k.dtype)
+        o = fla.linear_attention(fq, fk, v, causal=causal, normalize=normalize, form=form)
+        return refuse_overflow(o, (q, k, v), f"linear:fla-{form}")
+
+    fn.__name__ = fn.__qualname__ = f"fla_{form}"
+    return fn
+
+
 def flops(shape: Shape, causal: bool, params: Mapping[str, Any]) -> int:
     """Matrix-product FLOPs of the chunkwise path (see the module docstring)."""
     t, d = shape.seq_len, shape.head_dim
@@ -301,6 +316,17 @@ MECHANISM = Mechanism(
             triton,
             memory="O(n d) (no per-chunk states stored)",
             note="causal: Triton chunkwise kernel, fp32 normaliser; bidirectional: matmuls",
+        ),
+        *(
+            PathSpec(
+                f"fla-{form}",
+                "fused",
+                _fla(form),
+                memory="O(n d) (chunk: O(n d^2 / 64) states)" if form == "chunk" else "O(n d)",
+                requires=(*triton_ops.REQUIRES, FLA_CORE),
+                note=f"FLA's {form} kernel (fla-core); causal only; its normaliser's eps is 1e-10",
+            )
+            for form in fla.FORMS
         ),
     ),
     check_params=_check,

@@ -7,6 +7,10 @@ from torch import Tensor
 
 from attnbench import sources
 from attnbench.kernels.sdpa import backend_path, backend_paths
+from attnbench.kernels.triton_ops import REQUIRES
+from attnbench.libraries.fla import softmax_attention as fla_softmax
+from attnbench.libraries.sage import sage_attention
+from attnbench.requirements import FLA_CORE, SAGEATTENTION
 from attnbench.spec import Mechanism, PathSpec
 from attnbench.variants.dense import causal_mask, softmax_attention
 
@@ -20,6 +24,17 @@ def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
 def sdpa(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
     """torch's scaled_dot_product_attention, backend left to torch. q, k, v: [B, H, T, D]."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def fla_parallel(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
+    """FLA's ``parallel_attn`` (causal only). q, k, v: [B, H, T, D]."""
+    return fla_softmax(q, k, v, causal=causal)
+
+
+#: SageAttention's own bound: the largest output error against the float64 oracle, relative to
+#: the oracle's largest magnitude, on the N(0, 1) inputs of ``check`` and the GPU tests. 8-bit
+#: Q and K carry about 2^-8 relative error each into the scores; float16 P V adds 2^-11.
+SAGE_TOLERANCE = 0.03
 
 
 MECHANISM = Mechanism(
@@ -38,5 +53,23 @@ MECHANISM = Mechanism(
             note="torch SDPA; torch picks the backend",
         ),
         *backend_paths(backend_path),
+        PathSpec(
+            "fla-parallel",
+            "fused",
+            fla_parallel,
+            memory="O(n)",
+            requires=(*REQUIRES, FLA_CORE),
+            note="FLA's parallel_attn Triton kernel (fla-core); causal only",
+        ),
+        PathSpec(
+            "sage",
+            "fused",
+            sage_attention,
+            memory="O(n)",
+            requires=(*REQUIRES, SAGEATTENTION),
+            note="SageAttention 1: int8 Q K^T, fp16 P V; approximate, forward only",
+            backward=False,
+            tolerance=SAGE_TOLERANCE,
+        ),
     ),
 )

@@ -32,11 +32,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from attnbench import sources
-from attnbench.kernels.triton_ops import fused_path
+from attnbench.kernels.triton_ops import REQUIRES, fused_path
+from attnbench.libraries.fla import FORMS
+from attnbench.requirements import FLA_CORE
 from attnbench.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.retention.chunkwise import chunkwise
 from attnbench.variants.retention.decay import NORMALIZATIONS
-from attnbench.variants.retention.fused import triton
+from attnbench.variants.retention.fused import fla_form, triton
 from attnbench.variants.retention.layer import MultiScaleRetention
 from attnbench.variants.retention.parallel import parallel
 from attnbench.variants.retention.recurrent import recurrent
@@ -87,6 +89,17 @@ MECHANISM = Mechanism(
             triton,
             memory="O(n d) (no per-chunk states stored)",
             note="Triton chunkwise kernel; rownorm's score sums by the same kernel in fp32",
+        ),
+        *(
+            PathSpec(
+                f"fla-{form}",
+                "fused",
+                fla_form(form),
+                memory="O(n d) (chunk: O(n d^2 / 64) states)" if form == "chunk" else "O(n d)",
+                requires=(*REQUIRES, FLA_CORE),
+                note=f"FLA's {form} retention kernel (fla-core); normalize=none only",
+            )
+            for form in FORMS
         ),
     ),
     bidirectional=False,

@@ -15,7 +15,10 @@ import math
 import torch
 from torch import Tensor
 
+from attnbench.errors import AttnbenchError
 from attnbench.kernels import triton_ops
+from attnbench.libraries import fla
+from attnbench.precision import refuse_overflow
 from attnbench.variants.retention.decay import log_gammas, require_causal
 
 
@@ -42,3 +45,22 @@ def triton(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str) -> 
     decay_sum = torch.expm1(n[None, :] * log_g[:, None]) / torch.expm1(log_g)[:, None]  # (H, T)
     r = decay_sum.rsqrt().float()[None, :, :, None]  # (1, H, T, 1): 1 / sqrt(decay row sum)
     return (o.float() * r / (score_sum * r).abs().clamp(min=1.0)).to(v.dtype)
+
+
+def fla_form(form: str):
+    """FLA's retention kernel ``form`` (chunk or recurrent) as a path function: the same decays
+    and scale, the unnormalised form only (FLA has no ``rownorm``)."""
+
+    def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str) -> Tensor:
+        require_causal(causal)
+        if normalize != "none":
+            raise AttnbenchError(
+                f"retention:fla-{form} computes normalize=none only (FLA has no {normalize!r}); "
+                "use the triton or chunkwise path"
+            )
+        return refuse_overflow(
+            fla.retention(q, k, v, causal=causal, form=form), (q, k, v), f"retention:fla-{form}"
+        )
+
+    fn.__name__ = fn.__qualname__ = f"fla_{form}"
+    return fn

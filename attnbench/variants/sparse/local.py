@@ -20,8 +20,10 @@ from torch import Tensor
 
 from attnbench import sources
 from attnbench.kernels.flex import flex_fused
+from attnbench.kernels.triton_ops import REQUIRES
+from attnbench.libraries.fla import softmax_attention as fla_softmax
 from attnbench.libraries.local_attention import local_attention
-from attnbench.requirements import LOCAL_ATTENTION
+from attnbench.requirements import FLA_CORE, LOCAL_ATTENTION
 from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.sparse.common import band_block, masked_reference, window_count
 from attnbench.variants.sparse.engine import Band, Blocks, Part, attend, ceil_div
@@ -54,6 +56,11 @@ def banded(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Ten
     return attend(q, k, v, [part], lambda i, j: visible(i, j, n, causal, params))
 
 
+def fla_parallel(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Tensor:
+    """FLA's ``parallel_attn`` with its sliding window (window_size = window + 1; causal only)."""
+    return fla_softmax(q, k, v, causal=causal, window=window)
+
+
 MECHANISM = Mechanism(
     name="local",
     family="sparse",
@@ -79,6 +86,14 @@ MECHANISM = Mechanism(
             memory="O(n * window)",
             requires=(LOCAL_ATTENTION,),
             note="lucidrains' local-attention package: blocks of `window`, exact band mask",
+        ),
+        PathSpec(
+            "fla-parallel",
+            "fused",
+            fla_parallel,
+            memory="O(n * window)",
+            requires=(*REQUIRES, FLA_CORE),
+            note="FLA's parallel_attn with window_size = window + 1 (fla-core); causal only",
         ),
     ),
     visible=visible,
