@@ -84,6 +84,7 @@ PACKAGES: dict[str, tuple[str, str, str]] = {
     "local-attention": ("local-attention", "1.9", "local"),
     "fla-core": ("fla-core", "0.6", "fla"),
     "sageattention": ("sageattention", "1.0", "sage"),
+    "xformers": ("xformers", "0.0.35", "xformers"),
 }
 
 

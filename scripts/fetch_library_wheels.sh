@@ -4,8 +4,9 @@
 # installed there offline by scripts/gpu_session.sh (or by hand:
 #   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 #   export PYTHONPATH=/tmp/site:$PYTHONPATH).
-# PYTHON_VERSION: the GPU machine's Python (default 3.12). Only pure-Python wheels are needed
-# today; --no-deps with each dependency named, so nothing pulls torch.
+# PYTHON_VERSION: the GPU machine's Python (default 3.12). --no-deps with each dependency named,
+# so nothing pulls torch. All are pure Python but xformers (3 MB, compiled for torch >= 2.10 and
+# CUDA: the GPU machine only, so constraints.txt does not pin it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON_VERSION:-3.12}
@@ -14,6 +15,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$py" 
   --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
   --platform any -d .whl \
   "local-attention==1.11.2" "hyper-connections==0.4.11" "torch-einops-utils==0.2.0" \
-  "einops==0.8.2" "fla-core==0.6.0" "sageattention==1.0.6"  # the versions constraints.txt pins
+  "einops==0.8.2" "fla-core==0.6.0" "sageattention==1.0.6" \
+  "xformers==0.0.35"  # constraints.txt's pins
 ls -la .whl
 du -sh .whl

@@ -26,11 +26,12 @@ SIGINT, which ends it cleanly with every finished row on disk.
                  bidirectional flash:triton at 16k
   9 order        the same dense cases timed with a round's order fixed, reversed and rotated
   10 paper-rows  the paper model's attention (hidden 384, 6 x 64) per extrapolation row, forward
-  11 tests-libraries  pytest -m "gpu and library": the library-backed paths (FLA, SageAttention)
+  11 tests-libraries  pytest -m "gpu and library": the library-backed paths (FLA, SageAttention,
+                 xFormers)
   12 libraries   FLA's causal chunk / recurrent kernels beside attnbench's Triton kernels and
                  dense flash / cuDNN, 1k..64k
   13 sage        SageAttention (8-bit, forward) beside the exact dense kernels, 1k..64k
-  14 local-libraries  the causal window by flex, FLA and local-attention, 8k and 32k
+  14 local-libraries  the causal window by flex, FLA, xFormers and local-attention, 8k and 32k
   15 gaps        round 2's missing rows: Triton causal 64k, FLASH batch 1 64k, dense hd64 causal
 
 ``--dry-run`` runs every step on the CPU with tiny shapes and the paths a CPU has (the tests
@@ -407,7 +408,8 @@ def step_paper_rows(ctx: Context) -> int:
 
 #: FLA's kernels and ours for the same causal operators, beside causal dense flash and cuDNN.
 LIBRARY_CAUSAL = ["linear:triton", "linear:fla-chunk", "linear:fla-recurrent",
-                  "retention:triton", "retention:fla-chunk", "softmax:fla-parallel"]  # fmt: skip
+                  "retention:triton", "retention:fla-chunk", "softmax:fla-parallel",
+                  "softmax:xformers"]  # fmt: skip
 
 
 def step_libraries(ctx: Context) -> int:
@@ -424,23 +426,25 @@ def step_libraries(ctx: Context) -> int:
 
 
 def step_sage(ctx: Context) -> int:
-    """SageAttention (8-bit, approximate, forward only) against the exact dense kernels."""
+    """SageAttention (8-bit, approximate, forward only) against the exact dense kernels and
+    xFormers, causal and not, head dims 128 and 64."""
     return speed_step(
         ctx, "gpu-sage",
         ["softmax:efficient", "softmax:reference"],
-        mechanisms=["softmax:sage", *DENSE_REFS, "softmax:efficient"],
+        mechanisms=["softmax:sage", *DENSE_REFS, "softmax:efficient", "softmax:xformers"],
         lengths=[1024, 4096, 16384, 65536], head_dims=[128, 64], causal=[False, True],
         reference="softmax:sdpa-cudnn", directions=("fwd",), group_budget_s=4.0,
     )  # fmt: skip
 
 
 def step_local_libraries(ctx: Context) -> int:
-    """The causal local window (512) by FlexAttention, FLA's windowed parallel_attn and
-    lucidrains' local-attention, against dense flash and cuDNN, 8k and 32k."""
+    """The causal local window (512) by FlexAttention, FLA's windowed parallel_attn, xFormers
+    and lucidrains' local-attention, against dense flash and cuDNN, 8k and 32k."""
     return speed_step(
         ctx, "gpu-local-libraries",
         ["softmax:efficient", "local:efficient", "local:local-attention"],
-        mechanisms=[*DENSE_REFS, "local:flex", "local:fla-parallel", "local:local-attention"],
+        mechanisms=[*DENSE_REFS, "local:flex", "local:fla-parallel", "local:xformers",
+                    "local:local-attention"],
         lengths=[8192, 32768], head_dims=[128], causal=[True],
         reference="softmax:sdpa-cudnn", params={"local": {"window": 512}},
     )  # fmt: skip

@@ -180,3 +180,58 @@ def test_approximate_judge_uses_its_own_bound():
     assert judge_approximate("o", near, oracle, oracle, 0.03).ok
     verdict = judge_approximate("o", far, oracle, oracle, 0.03)
     assert not verdict.ok and verdict.allowed == pytest.approx(0.06)
+
+
+# --------------------------------------------------------------------------------------------
+# xFormers
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_xformers(monkeypatch):
+    """``xformers.ops.fmha`` as its documentation states it: [B, M, H, K] in, softmax of
+    scale * Q K^T plus the bias; ``LocalAttentionFromBottomRightMask`` lets query q see key k when
+    q - window_left <= k + s <= q + window_right (s = queries - keys)."""
+
+    class LowerTriangularMask:
+        def visible(self, i, j):
+            return j <= i
+
+    class LocalAttentionFromBottomRightMask:
+        def __init__(self, window_left, window_right):
+            self.left, self.right = window_left, window_right
+
+        def visible(self, i, j):
+            return (i - self.left <= j) & (j <= i + self.right)
+
+    def memory_efficient_attention(query, key, value, attn_bias=None, scale=None):
+        assert query.stride(-1) == 1 and scale is not None
+        q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+        scores = (q @ k.transpose(-2, -1)) * scale
+        if attn_bias is not None:
+            i = torch.arange(q.shape[-2])[:, None]
+            j = torch.arange(k.shape[-2])[None, :]
+            scores = scores.masked_fill(~attn_bias.visible(i, j), float("-inf"))
+        return (scores.softmax(-1) @ v).transpose(1, 2)
+
+    fmha = types.SimpleNamespace(
+        attn_bias=types.SimpleNamespace(
+            LowerTriangularMask=LowerTriangularMask,
+            LocalAttentionFromBottomRightMask=LocalAttentionFromBottomRightMask,
+        ),
+        memory_efficient_attention=memory_efficient_attention,
+    )
+    package, ops = types.ModuleType("xformers"), types.ModuleType("xformers.ops")
+    ops.fmha = fmha
+    package.ops = ops
+    monkeypatch.setitem(sys.modules, "xformers", package)
+    monkeypatch.setitem(sys.modules, "xformers.ops", ops)
+
+
+@pytest.mark.usefixtures("fake_xformers")
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+@pytest.mark.parametrize("t", [1, 37, 130])
+def test_xformers_adapter_is_softmax_and_local(causal, t):
+    _check("softmax", "xformers", {}, t, torch.float64, causal=causal)
+    for window in (1, 5, 64, 200):
+        _check("local", "xformers", {"window": window}, t, torch.float64, causal=causal)

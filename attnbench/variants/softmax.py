@@ -10,7 +10,8 @@ from attnbench.kernels.sdpa import backend_path, backend_paths
 from attnbench.kernels.triton_ops import REQUIRES
 from attnbench.libraries.fla import softmax_attention as fla_softmax
 from attnbench.libraries.sage import sage_attention
-from attnbench.requirements import FLA_CORE, SAGEATTENTION
+from attnbench.libraries.xformers import memory_efficient
+from attnbench.requirements import CUDA, FLA_CORE, SAGEATTENTION, XFORMERS
 from attnbench.spec import Mechanism, PathSpec
 from attnbench.variants.dense import causal_mask, softmax_attention
 
@@ -24,6 +25,11 @@ def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
 def sdpa(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
     """torch's scaled_dot_product_attention, backend left to torch. q, k, v: [B, H, T, D]."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def xformers(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
+    """xFormers' memory_efficient_attention (its kernel choice). q, k, v: [B, H, T, D]."""
+    return memory_efficient(q, k, v, causal=causal)
 
 
 def fla_parallel(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
@@ -60,6 +66,14 @@ MECHANISM = Mechanism(
             memory="O(n)",
             requires=(*REQUIRES, FLA_CORE),
             note="FLA's parallel_attn Triton kernel (fla-core); causal only",
+        ),
+        PathSpec(
+            "xformers",
+            "fused",
+            xformers,
+            memory="O(n)",
+            requires=(CUDA, XFORMERS),
+            note="xFormers' memory_efficient_attention (its dispatcher picks the kernel)",
         ),
         PathSpec(
             "sage",

@@ -23,7 +23,8 @@ from attnbench.kernels.flex import flex_fused
 from attnbench.kernels.triton_ops import REQUIRES
 from attnbench.libraries.fla import softmax_attention as fla_softmax
 from attnbench.libraries.local_attention import local_attention
-from attnbench.requirements import FLA_CORE, LOCAL_ATTENTION
+from attnbench.libraries.xformers import memory_efficient
+from attnbench.requirements import CUDA, FLA_CORE, LOCAL_ATTENTION, XFORMERS
 from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.sparse.common import band_block, masked_reference, window_count
 from attnbench.variants.sparse.engine import Band, Blocks, Part, attend, ceil_div
@@ -61,6 +62,11 @@ def fla_parallel(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) 
     return fla_softmax(q, k, v, causal=causal, window=window)
 
 
+def xformers(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Tensor:
+    """xFormers' memory_efficient_attention with its local-window bias (both directions)."""
+    return memory_efficient(q, k, v, causal=causal, window=window)
+
+
 MECHANISM = Mechanism(
     name="local",
     family="sparse",
@@ -94,6 +100,14 @@ MECHANISM = Mechanism(
             memory="O(n * window)",
             requires=(*REQUIRES, FLA_CORE),
             note="FLA's parallel_attn with window_size = window + 1 (fla-core); causal only",
+        ),
+        PathSpec(
+            "xformers",
+            "fused",
+            xformers,
+            memory="O(n * window)",
+            requires=(CUDA, XFORMERS),
+            note="xFormers' memory_efficient_attention, LocalAttentionFromBottomRightMask",
         ),
     ),
     visible=visible,
