@@ -3,6 +3,9 @@ and no traceback from the CLI."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -12,6 +15,7 @@ from attnbench.api import attention, parse_impl
 from attnbench.cli import app
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def qkv(b=1, h=4, t=8, d=16, hkv=None, dk=None):
@@ -78,3 +82,28 @@ def test_cli_errors(args, message, tmp_path, monkeypatch):
 def test_cli_usage_error_exit_code():
     result = runner.invoke(app, ["list", "--format", "xml"])
     assert result.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "error: no command given; accepted: list, check, show, plot, compare, export"),
+        (["run"], "error: no command given; accepted: speed, extrapolate, entropy"),
+        (["nosuch"], "No such command 'nosuch'; accepted: list, check"),
+        (["run", "nosuch"], "No such command 'nosuch'; accepted: speed, extrapolate, entropy"),
+    ],
+)
+def test_the_executable_names_the_commands_a_group_accepts(args, message, tmp_path):
+    """Through the real executable (``main``): a group without a command, or with an unknown
+    one, ends in one line that lists its commands (click's own message is empty or names none)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "attnbench", *args], cwd=tmp_path, capture_output=True, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and message in errors[0], done.stderr
+    assert "Traceback" not in done.stderr and not any(tmp_path.iterdir())

@@ -70,7 +70,7 @@ def test_listing_and_sidecar_name_the_package():
     assert lib["package_version"] == capabilities.package_version("local-attention")
     (fla,) = [p for p in local["paths"] if p["name"] == "fla-parallel"]
     assert fla["package"] == "fla-core"
-    library_paths = {"local-attention", "fla-parallel"}
+    library_paths = {"local-attention", "fla-parallel", "xformers"}
     assert all("package" not in p for p in local["paths"] if p["name"] not in library_paths)
     libraries = machine.versions()["libraries"]
     for dist in ("local-attention", "fla-core", "sageattention"):

@@ -88,7 +88,8 @@ def test_options_narrow_the_grid(tmp_path, suite_file):
     [
         (["--impl", "sofmax"], "unknown mechanism 'sofmax'"),
         (["--impl", "softmax:turbo"], "has no path 'turbo'"),
-        (["--lengths", "0,256"], "--lengths: '0' is not a positive integer"),
+        (["--lengths", "0,256"], "--lengths: '0' is not an integer from 1 to"),
+        (["--lengths", "99999999999999999999999"], "is not an integer from 1 to 2147483647"),
         (["--lengths", "12,abc"], "--lengths: 'abc'"),
         (["--dtype", "float8"], "--dtype 'float8'"),
         (["--direction", "sideways"], "--direction 'sideways'"),

@@ -40,8 +40,17 @@ def _positive(x: Any) -> bool:
     return x >= 1
 
 
+#: The longest sequence a sweep accepts: 2^31 - 1, the int32 index range of the kernels (and far
+#: beyond any machine's memory at any head dim); a longer one overflows tensor creation.
+MAX_LENGTH = 2**31 - 1
+
+
 def _positive_list(xs: Sequence[int]) -> bool:
     return len(xs) > 0 and all(x >= 1 for x in xs)
+
+
+def _lengths_ok(xs: Sequence[int]) -> bool:
+    return _positive_list(xs) and all(x <= MAX_LENGTH for x in xs)
 
 
 TOP = {
@@ -102,8 +111,8 @@ GRID = {
         "list[int]",
         [256, 1024],
         "sequence lengths n, measured in increasing order",
-        accepted="a non-empty list of integers >= 1",
-        valid=_positive_list,
+        accepted=f"a non-empty list of integers from 1 to {MAX_LENGTH}",
+        valid=_lengths_ok,
     ),
     "reference": Key(
         "str",
@@ -421,10 +430,10 @@ def parse_lengths(text: str) -> tuple[int, ...]:
             value = int(item)
         except ValueError:
             value = 0
-        if value < 1 or str(value) != item.lstrip("+"):
+        if not 1 <= value <= MAX_LENGTH or str(value) != item.lstrip("+"):
             raise AttnbenchError(
-                f"--lengths: {item!r} is not a positive integer; "
-                "accepted: comma-separated integers >= 1, e.g. 256,1024,4096"
+                f"--lengths: {item!r} is not an integer from 1 to {MAX_LENGTH}; "
+                "accepted: comma-separated integers, e.g. 256,1024,4096"
             )
         out.append(value)
     return tuple(sorted(set(out)))

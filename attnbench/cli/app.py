@@ -61,8 +61,7 @@ def main() -> None:
         code = app(standalone_mode=False)
     except UsageError as e:
         where = e.ctx.command_path if e.ctx is not None else "attnbench"
-        message = e.format_message().rstrip(".")
-        typer.echo(f"error: {message} (see `{where} --help`)", err=True)
+        typer.echo(f"error: {_usage_message(e)} (see `{where} --help`)", err=True)
         sys.exit(USAGE_ERROR)
     except ClickException as e:
         typer.echo(f"error: {e.format_message()}", err=True)
@@ -71,6 +70,21 @@ def main() -> None:
         typer.echo("stopped", err=True)
         sys.exit(INTERRUPTED)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _usage_message(e) -> str:
+    """One line for a usage error. A group called without a command (its help is printed
+    first, and click's message is empty) or with an unknown one names the commands it has."""
+    message = e.format_message().rstrip(".")
+    command = e.ctx.command if e.ctx is not None else None
+    if command is None or not hasattr(command, "list_commands"):
+        return message
+    names = ", ".join(command.list_commands(e.ctx))
+    if not message:
+        return f"no command given; accepted: {names}"
+    if message.startswith("No such command"):
+        return f"{message}; accepted: {names}"
+    return message
 
 
 def _terminate(signum, frame) -> None:
