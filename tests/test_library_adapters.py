@@ -1,11 +1,13 @@
-"""The FLA and SageAttention adapters on the CPU, where the libraries' kernels cannot run (FLA's
-autotuned Triton kernels find no driver under the interpreter; SageAttention asserts CUDA).
+"""The FLA, SageAttention and xFormers adapters on the CPU, where the libraries' kernels cannot
+run (FLA's autotuned Triton kernels find no driver under the interpreter; SageAttention asserts
+CUDA; xFormers' wheel is built for CUDA torch).
 
 Each kernel is replaced by the library's own statement of what it computes: FLA's naive
-implementations shipped in fla-core (fla/ops/*/naive.py), wrapped to the kernel's signature,
-and for SageAttention an exact softmax that checks how it is called. What is tested is the
-adapter: layout, scale, feature map, normaliser, decays, window and refusals, against the
-mechanism's dense reference. The kernels themselves are tested on a GPU (tests/test_fused_gpu.py).
+implementations shipped in fla-core (fla/ops/*/naive.py), wrapped to the kernel's signature
+(outputs and gradients, float32 and both half types); for SageAttention and xFormers, exact
+softmax following their documentation, which also checks how it is called. What is tested is
+the adapter (layout, scale, feature map, normaliser, decays, window, refusals) against the
+mechanism's dense reference; the kernels themselves on a GPU (tests/test_fused_gpu.py).
 """
 
 from __future__ import annotations
@@ -70,12 +72,18 @@ def _check(mech_name: str, path: str, overrides: dict, t: int, dtype, causal: bo
     shape = mech.shape_for(Shape(2, 3, t, 16), params)
     x = make_inputs(mech, shape, params, seed=t, dtype=dtype, requires_grad=True)
     verdicts = compare_paths(
-        mech.path(path), mech.reference, x, {"causal": causal, **params}, backward=False
+        mech.path(path), mech.reference, x, {"causal": causal, **params}, backward=mech.backward
     )
     assert all(v.ok for v in verdicts), "; ".join(map(str, verdicts))
 
 
+#: FLA's naive implementations compute in float32 whatever comes in (so float64 inputs would
+#: be judged against float32 arithmetic); the half types round their result as the kernels do.
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
 @pytest.mark.usefixtures("fla_naive")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("form", fla.FORMS)
 @pytest.mark.parametrize("t", [1, 37, 130])
 @pytest.mark.parametrize(
@@ -87,23 +95,25 @@ def _check(mech_name: str, path: str, overrides: dict, t: int, dtype, causal: bo
     ],
     ids=["elu+1", "relu-bare", "identity-bare"],
 )
-def test_fla_linear_is_the_linear_mechanism(form, t, overrides):
-    _check("linear", f"fla-{form}", overrides, t, torch.float32)
+def test_fla_linear_is_the_linear_mechanism(form, t, overrides, dtype):
+    _check("linear", f"fla-{form}", overrides, t, dtype)
 
 
 @pytest.mark.usefixtures("fla_naive")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("form", fla.FORMS)
 @pytest.mark.parametrize("t", [1, 37, 130])
-def test_fla_retention_is_the_retention_mechanism(form, t):
-    _check("retention", f"fla-{form}", {}, t, torch.float32)
+def test_fla_retention_is_the_retention_mechanism(form, t, dtype):
+    _check("retention", f"fla-{form}", {}, t, dtype)
 
 
 @pytest.mark.usefixtures("fla_naive")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("t", [1, 37, 130])
-def test_fla_parallel_is_softmax_and_its_window_is_local(t):
-    _check("softmax", "fla-parallel", {}, t, torch.float64)
+def test_fla_parallel_is_softmax_and_its_window_is_local(t, dtype):
+    _check("softmax", "fla-parallel", {}, t, dtype)
     for window in (1, 5, 64, 200):
-        _check("local", "fla-parallel", {"window": window}, t, torch.float64)
+        _check("local", "fla-parallel", {"window": window}, t, dtype)
 
 
 @pytest.mark.usefixtures("fla_naive")
