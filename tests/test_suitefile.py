@@ -38,7 +38,8 @@ def write(tmp_path, text: str) -> str:
     [
         ("[grid]\nlengths = [256,\n", 2, ["malformed TOML"]),
         ('name = "x"\n[grid]\nlenghts = [256]\n', 3, ["unknown key", "'lenghts'", "'lengths'"]),
-        ("[grid]\n\nlengths = [0, 256]\n", 3, ["lengths = [0, 256]", "integers >= 1"]),
+        ("[grid]\n\nlengths = [0, 256]\n", 3, ["lengths = [0, 256]", "integers from 1 to"]),
+        ("[grid]\nlengths = [4294967296]\n", 2, ["lengths = [4294967296]", "to 2147483647"]),
         ("[grid]\ncausal = true\n", 2, ["causal = True", "a non-empty list of true/false"]),
         ('[grid]\nmechanisms = ["sofmax"]\n', 2, ["unknown mechanism 'sofmax'", "softmax"]),
         ('[grid]\nmechanisms = ["softmax:fast"]\n', 2, ["no path 'fast'"]),
