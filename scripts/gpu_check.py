@@ -327,14 +327,14 @@ DENSE = ["softmax:efficient", "softmax:sdpa-flash", "softmax:sdpa-efficient", "s
 DENSE_REFS = ["softmax:sdpa-flash", "softmax:sdpa-cudnn"]
 
 
-def step_dense(ctx: Context) -> int:
-    """The four SDPA backends, causal and bidirectional, 1k..64k, head dims 64 and 128."""
+def step_dense(ctx: Context, name: str = "gpu-dense", **grid) -> int:
+    """The four SDPA backends, causal and bidirectional, 1k..64k, head dims 64 and 128
+    (``grid``: other lengths, head dims, causal flags, a sub-folder, a budget)."""
+    grid = {"lengths": [1024, 4096, 16384, 65536], "head_dims": [128, 64],
+            "causal": [False, True], **grid}  # fmt: skip
     return speed_step(
-        ctx, "gpu-dense",
-        ["softmax:efficient", "softmax-logn:efficient"],
-        mechanisms=DENSE,
-        lengths=[1024, 4096, 16384, 65536], head_dims=[128, 64], causal=[False, True],
-        reference="softmax:sdpa-cudnn", group_budget_s=6.0,
+        ctx, name, ["softmax:efficient", "softmax-logn:efficient"],
+        mechanisms=DENSE, reference="softmax:sdpa-cudnn", group_budget_s=6.0, **grid,
     )  # fmt: skip
 
 
@@ -350,26 +350,25 @@ def step_sparse(ctx: Context) -> int:
     )  # fmt: skip
 
 
-def step_triton(ctx: Context) -> int:
+def step_triton(ctx: Context, name: str = "gpu-triton", **grid) -> int:
     """Causal linear attention and retention (Triton, chunkwise) against causal dense flash and
     cuDNN at 1k..64k: where each crosses over; and the Triton GAU kernel."""
+    grid = {"lengths": [1024, 4096, 16384, 65536], **grid}
     return speed_step(
-        ctx, "gpu-triton",
-        ["softmax:efficient", "linear:chunkwise", "retention:chunkwise"],
+        ctx, name, ["softmax:efficient", "linear:chunkwise", "retention:chunkwise"],
         mechanisms=[*DENSE_REFS, "linear:triton", "retention:triton", "gau:triton"],
-        lengths=[1024, 4096, 16384, 65536], head_dims=[128], causal=[True],
-        reference="softmax:sdpa-cudnn", group_budget_s=6.0,
+        head_dims=[128], causal=[True], reference="softmax:sdpa-cudnn", group_budget_s=6.0,
+        **grid,
     )  # fmt: skip
 
 
-def step_flash_batch1(ctx: Context) -> int:
+def step_flash_batch1(ctx: Context, name: str = "gpu-flash-batch1", **grid) -> int:
     """FLASH (Triton) at batch 1, n = 8k and 64k: time(64k) / time(8k), linear would be 8."""
+    grid = {"causal": [False, True], **grid}
     return speed_step(
-        ctx, "gpu-flash-batch1",
-        ["softmax:efficient", "flash:efficient"],
+        ctx, name, ["softmax:efficient", "flash:efficient"],
         mechanisms=["flash:triton", *DENSE_REFS],
-        lengths=[8192, 65536], head_dims=[128], causal=[False, True],
-        reference="", tokens=1,
+        lengths=[8192, 65536], head_dims=[128], reference="", tokens=1, **grid,
     )  # fmt: skip
 
 
@@ -452,26 +451,18 @@ def step_local_libraries(ctx: Context) -> int:
 
 def step_gaps(ctx: Context) -> int:
     """The rows round 2's budgets cut: causal Triton linear / retention / GAU at 64k, FLASH at
-    batch 1 and 64k, dense head dim 64 causal at 64k (each its own sweep)."""
+    batch 1 and 64k, dense head dim 64 causal at 64k (each its own sweep, a third of the
+    budget)."""
     third = ctx.budget_s / 3
-    worst = speed_step(
-        ctx, "gpu-gaps-triton-64k",
-        ["softmax:efficient", "linear:chunkwise"], sub="triton-64k", budget_s=third,
-        mechanisms=[*DENSE_REFS, "linear:triton", "retention:triton", "gau:triton"],
-        lengths=[65536], head_dims=[128], causal=[True], reference="softmax:sdpa-cudnn",
-    )  # fmt: skip
-    worst = worst or speed_step(
-        ctx, "gpu-gaps-flash-batch1",
-        ["softmax:efficient", "flash:efficient"], sub="flash-batch1", budget_s=third,
-        mechanisms=["flash:triton", *DENSE_REFS],
-        lengths=[8192, 65536], head_dims=[128], causal=[False], reference="", tokens=1,
-    )  # fmt: skip
-    return worst or speed_step(
-        ctx, "gpu-gaps-dense-hd64",
-        ["softmax:efficient", "softmax-logn:efficient"], sub="dense-hd64", budget_s=third,
-        mechanisms=DENSE, lengths=[65536], head_dims=[64], causal=[True],
-        reference="softmax:sdpa-cudnn", group_budget_s=6.0,
-    )  # fmt: skip
+    codes = [  # every sweep runs, whatever the one before returned
+        step_triton(ctx, "gpu-gaps-triton-64k", sub="triton-64k", budget_s=third,
+                    lengths=[65536]),
+        step_flash_batch1(ctx, "gpu-gaps-flash-batch1", sub="flash-batch1", budget_s=third,
+                          causal=[False]),
+        step_dense(ctx, "gpu-gaps-dense-hd64", sub="dense-hd64", budget_s=third,
+                   lengths=[65536], head_dims=[64], causal=[True]),
+    ]  # fmt: skip
+    return next((code for code in codes if code), 0)
 
 
 # --------------------------------------------------------------------------------------------

@@ -27,16 +27,6 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
 
-def xformers(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
-    """xFormers' memory_efficient_attention (its kernel choice). q, k, v: [B, H, T, D]."""
-    return memory_efficient(q, k, v, causal=causal)
-
-
-def fla_parallel(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
-    """FLA's ``parallel_attn`` (causal only). q, k, v: [B, H, T, D]."""
-    return fla_softmax(q, k, v, causal=causal)
-
-
 #: SageAttention's own bound: the largest output error against the float64 oracle, relative to
 #: the oracle's largest magnitude, on the N(0, 1) inputs of ``check`` and the GPU tests. 8-bit
 #: Q and K carry about 2^-8 relative error each into the scores; float16 P V adds 2^-11.
@@ -62,7 +52,7 @@ MECHANISM = Mechanism(
         PathSpec(
             "fla-parallel",
             "fused",
-            fla_parallel,
+            fla_softmax,  # softmax passes no window: full causal attention
             memory="O(n)",
             requires=(*REQUIRES, FLA_CORE),
             note="FLA's parallel_attn Triton kernel (fla-core); causal only",
@@ -70,7 +60,7 @@ MECHANISM = Mechanism(
         PathSpec(
             "xformers",
             "fused",
-            xformers,
+            memory_efficient,  # no window: causal or full attention
             memory="O(n)",
             requires=(CUDA, XFORMERS),
             note="xFormers' memory_efficient_attention (its dispatcher picks the kernel)",

@@ -52,7 +52,6 @@ def fla_form(form: str):
     and scale, the unnormalised form only (FLA has no ``rownorm``)."""
 
     def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, normalize: str) -> Tensor:
-        require_causal(causal)
         if normalize != "none":
             raise AttnbenchError(
                 f"retention:fla-{form} computes normalize=none only (FLA has no {normalize!r}); "

@@ -57,16 +57,6 @@ def banded(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Ten
     return attend(q, k, v, [part], lambda i, j: visible(i, j, n, causal, params))
 
 
-def fla_parallel(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Tensor:
-    """FLA's ``parallel_attn`` with its sliding window (window_size = window + 1; causal only)."""
-    return fla_softmax(q, k, v, causal=causal, window=window)
-
-
-def xformers(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Tensor:
-    """xFormers' memory_efficient_attention with its local-window bias (both directions)."""
-    return memory_efficient(q, k, v, causal=causal, window=window)
-
-
 MECHANISM = Mechanism(
     name="local",
     family="sparse",
@@ -96,7 +86,7 @@ MECHANISM = Mechanism(
         PathSpec(
             "fla-parallel",
             "fused",
-            fla_parallel,
+            fla_softmax,
             memory="O(n * window)",
             requires=(*REQUIRES, FLA_CORE),
             note="FLA's parallel_attn with window_size = window + 1 (fla-core); causal only",
@@ -104,7 +94,7 @@ MECHANISM = Mechanism(
         PathSpec(
             "xformers",
             "fused",
-            xformers,
+            memory_efficient,
             memory="O(n * window)",
             requires=(CUDA, XFORMERS),
             note="xFormers' memory_efficient_attention, LocalAttentionFromBottomRightMask",
