@@ -93,3 +93,14 @@ def test_a_package_that_does_not_import_is_a_one_line_error(monkeypatch):
     x = make_inputs(LOCAL, Shape(1, 1, 9, 4), LOCAL.resolve({}), seed=0)
     with pytest.raises(AttnbenchError, match="does not import"):
         LOCAL.path("local-attention")(**x, causal=True, window=4)
+
+
+def test_check_shows_the_install_command_of_a_missing_package(monkeypatch):
+    """A reason holds ``attnbench[extra]``: shown as written, not taken for rich markup."""
+    from attnbench.cli.common import out
+
+    monkeypatch.setattr(capabilities, "package_version", lambda dist: None)
+    monkeypatch.setattr(out, "width", 300)  # one line a row: the reason is not wrapped
+    done = runner.invoke(app, ["check", "local", "--n", "17"])
+    assert done.exit_code == 0, done.output
+    assert 'pip install "attnbench[xformers]"' in done.output, done.output

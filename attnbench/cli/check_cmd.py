@@ -43,6 +43,7 @@ def check(
     Example: [bold]attnbench check softmax-logn --param base=e --causal --n 257[/bold]
     """
     import torch
+    from rich.markup import escape
     from rich.table import Table
 
     from attnbench import registry
@@ -94,7 +95,7 @@ def check(
         )
         reason = "; ".join(reasons)
         if reason:
-            table.add_row(p.name, "-", "-", "-", "-", f"[yellow]skipped: {reason}[/yellow]")
+            table.add_row(p.name, "-", "-", "-", "-", f"[yellow]skipped: {escape(reason)}[/yellow]")
             continue
         try:
             verdicts = compare_paths(
@@ -108,7 +109,7 @@ def check(
         except AttnbenchError as e:  # the path refuses these params / this call
             if path:  # asked for by name: one line, exit 2
                 raise
-            table.add_row(p.name, "-", "-", "-", "-", f"[yellow]skipped: {e}[/yellow]")
+            table.add_row(p.name, "-", "-", "-", "-", f"[yellow]skipped: {escape(str(e))}[/yellow]")
             continue
         for v in verdicts:
             failed += not v.ok
