@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 
 from attnbench import registry
-from attnbench.errors import AttnbenchError
-from attnbench.spec import Mechanism, PathSpec, Shape
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.spec import Mechanism, PathSpec, Shape
 
 
 def parse_impl(text: str) -> tuple[Mechanism, str | None]:

@@ -18,9 +18,9 @@ import torch
 from torch import Tensor, nn
 
 from attnbench import registry
-from attnbench.building_blocks import DeviceCheck, Rotary
-from attnbench.errors import AttnbenchError
-from attnbench.spec import Mechanism, PathSpec, Shape
+from attnbench.core.building_blocks import DeviceCheck, Rotary
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.spec import Mechanism, PathSpec, Shape
 
 __all__ = ["AttentionMixer", "Rotary", "make_layer"]
 

@@ -6,8 +6,8 @@ record, then add one line to ``MECHANISMS`` below. Tests, ``list`` and the suite
 
 from __future__ import annotations
 
-from attnbench.errors import unknown
-from attnbench.spec import Mechanism
+from attnbench.core.errors import unknown
+from attnbench.core.spec import Mechanism
 from attnbench.variants import (
     aft,
     flash_mixed,

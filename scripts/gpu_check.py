@@ -125,7 +125,7 @@ def step_env(ctx: Context) -> int:
         info["triton"] = triton.__version__
     except ImportError:
         info["triton"] = None
-    from attnbench import capabilities
+    from attnbench.core import capabilities
 
     info["libraries"] = capabilities.library_versions()
     info["cuda_available"] = torch.cuda.is_available()
@@ -491,8 +491,8 @@ def profile_main(out: Path, dry: bool) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     from attnbench import registry
-    from attnbench.inputs import make_inputs
-    from attnbench.spec import Shape
+    from attnbench.core.inputs import make_inputs
+    from attnbench.core.spec import Shape
 
     device = "cpu" if dry else "cuda"
     dtype = torch.float32 if dry else torch.bfloat16

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnbench import registry
-from attnbench.spec import Mechanism, PathSpec, Shape
+from attnbench.core.spec import Mechanism, PathSpec, Shape
 
 LENGTHS = (1, 7, 97, 257)
 HEAD_DIMS = (32, 64, 80)

@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 
-from attnbench.testing import compare_paths
+from attnbench.core.testing import compare_paths
 
 if os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on", "yes"):
     pytest.skip("needs TRITON_INTERPRET=1 from the start", allow_module_level=True)
@@ -267,8 +267,8 @@ def test_every_triton_path_in_the_registry_is_covered():
 @pytest.mark.parametrize("case", WIRED, ids=[_wired_id(c) for c in WIRED])
 def test_wired_triton_path_matches_reference(case):
     from attnbench import registry
-    from attnbench.inputs import make_inputs
-    from attnbench.spec import Shape
+    from attnbench.core.inputs import make_inputs
+    from attnbench.core.spec import Shape
 
     name, overrides, causal, t, dtype = case
     mech = registry.get(name)

@@ -8,12 +8,12 @@ import torch
 import torch.nn.functional as F
 
 from attnbench import api, registry
-from attnbench.errors import AttnbenchError
-from attnbench.inputs import make_inputs
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
+from attnbench.core.testing import compare_paths
 from attnbench.layers import make_layer
 from attnbench.measure.memory import cpu_peak
-from attnbench.spec import Shape
-from attnbench.testing import compare_paths
 from attnbench.variants.aft.dense import aft_dense, band_to_dense
 
 FULL, LOCAL = registry.get("aft-full"), registry.get("aft-local")
@@ -33,7 +33,7 @@ def _check(
     seed=None,
     set_extras=None,
 ):
-    """Failed verdicts (outputs and gradients, attnbench.testing's rule against the float64
+    """Failed verdicts (outputs and gradients, attnbench.core.testing's rule against the float64
     oracle) of the default path; K and the extra inputs are scaled in float64, then rounded to
     ``dtype`` once; ``set_extras`` overrides extra inputs (float64 values)."""
     params = mech.resolve(params)

@@ -1,5 +1,5 @@
 """``attnbench list`` and every ``--help`` answer without importing torch (issue 19), from a
-registry snapshot that must match the live registry."""
+cached description of the registry named after the sources that define it."""
 
 from __future__ import annotations
 
@@ -10,28 +10,57 @@ import sys
 
 import pytest
 
-from attnbench import capabilities, catalogue
+from attnbench.cli import catalogue
+from attnbench.core import capabilities
 
 NO_GPU_NODES = sys.platform == "linux" and not any(map(os.path.exists, capabilities.GPU_NODES))
 
 
-def test_snapshot_is_current():
-    """Fails after a mechanism changes until ``python -m attnbench.catalogue`` is run."""
-    data = json.loads(catalogue.SNAPSHOT.read_text(encoding="utf-8"))
-    stale = "run `python -m attnbench.catalogue` to refresh attnbench/data/registry.json"
-    assert data["fingerprint"] == catalogue.fingerprint(), stale
-    assert data["mechanisms"] == json.loads(json.dumps(catalogue.live())), stale
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
 
 
-def test_stale_snapshot_falls_back_to_the_live_registry(tmp_path, monkeypatch):
-    stale = tmp_path / "registry.json"
-    stale.write_text(json.dumps({"fingerprint": "old", "mechanisms": []}))
-    monkeypatch.setattr(catalogue, "SNAPSHOT", stale)
-    assert catalogue.snapshot() is None
-    names = [e["name"] for e in catalogue.entries("cpu")]
+def test_first_list_writes_the_cache_and_later_ones_read_it(cache):
     from attnbench import registry
 
+    assert catalogue.cached() is None
+    names = [e["name"] for e in catalogue.entries("cpu")]
     assert names == registry.names()
+    assert catalogue.cache_file().parent == cache
+    assert catalogue.cached() == json.loads(json.dumps(catalogue.live()))
+
+
+def test_an_edited_mechanism_is_a_new_cache(cache, tmp_path, monkeypatch):
+    """The cache is named after the registry's sources: editing one makes the old one unused."""
+    catalogue.entries("cpu")
+    before = catalogue.cache_file()
+    package = tmp_path / "attnbench"
+    (package / "variants").mkdir(parents=True)
+    (package / "variants" / "mine.py").write_text("X = 1\n")
+    (package / "cli").mkdir()
+    (package / "cli" / "list.py").write_text("Y = 1\n")
+    monkeypatch.setattr(catalogue, "PACKAGE", package)
+    first = catalogue.cache_file()
+    assert first != before
+    (package / "cli" / "list.py").write_text("Y = 2\n")  # not the registry: the same cache
+    assert catalogue.cache_file() == first
+    (package / "variants" / "mine.py").write_text("X = 2\n")
+    assert catalogue.cache_file() != first
+
+
+def test_a_broken_or_unwritable_cache_falls_back_to_the_live_registry(cache):
+    from attnbench import registry
+
+    catalogue.cache_file().parent.mkdir(parents=True)
+    catalogue.cache_file().write_text("{not json")
+    assert catalogue.cached() is None
+    assert [e["name"] for e in catalogue.entries("cpu")] == registry.names()
+    cache.joinpath(catalogue.cache_file().name).unlink()
+    cache.rmdir()
+    cache.write_text("a file where the folder should be")
+    assert [e["name"] for e in catalogue.entries("cpu")] == registry.names()
 
 
 def test_availability_matches_the_paths_own_check():
@@ -75,5 +104,6 @@ def _torch_imported(args: list[str]) -> bool:
     ],
     ids=" ".join,
 )
-def test_help_and_list_do_not_import_torch(args):
+def test_help_and_list_do_not_import_torch(args, cache):
+    catalogue.entries("cpu")  # the first list after an install or an edit builds the cache
     assert not _torch_imported(args)

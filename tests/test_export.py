@@ -25,7 +25,7 @@ from attnbench.bench.results import (
     read_results,
 )
 from attnbench.cli import app
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 from tests.conftest import write_results
 
 runner = CliRunner()

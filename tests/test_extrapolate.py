@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from attnbench import registry
 from attnbench.cli import app
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.config import load_preset, resolve_variants
 from attnbench.extrapolation.entropy import EntropyOptions, run_entropy
 from attnbench.extrapolation.evaluate import (
@@ -545,7 +545,7 @@ def test_short_corpus_message_counts_tokens(corpora, tmp_path):
 
 
 def test_presets_load_from_the_one_shipped_folder():
-    from attnbench.tomlconfig import PRESETS_DIR
+    from attnbench.runtime.tomlconfig import PRESETS_DIR
 
     assert sorted(p.name for p in PRESETS_DIR.glob("*.toml")) == ["cpu.toml", "paper.toml"]
     cpu, paper = load_preset("cpu"), load_preset("paper")

@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.run import RunOptions, run_extrapolate
 from tests.test_extrapolate import TINY, _opts, _tiny_cfg, make_corpus
 
@@ -122,7 +122,7 @@ def test_a_training_whose_process_dies_is_retried_once_from_its_checkpoint(
     first attempt and is retried in a fresh process (from the checkpoint it wrote, if any); the
     rows equal the uninterrupted run's. Dying every time fails that training alone, with a
     one-line error, and O's checkpoint is saved."""
-    from attnbench.engines import FAULT_ENV
+    from attnbench.runtime.engines import FAULT_ENV
 
     root, cfg, single = setting
     both = cfg.override({"threads": 2, "parallel": 2, "seeds": 1})

@@ -6,7 +6,7 @@ and checks every path that runs here, in each dtype of the test; one more test d
 mechanism too, at T > 1000.
 
 The oracle is the mechanism's reference path run in float64 on the *same* (already rounded)
-inputs, as in :mod:`attnbench.testing`. Each drawn case asserts, for every path (the reference
+inputs, as in :mod:`attnbench.core.testing`. Each drawn case asserts, for every path (the reference
 run in the case's dtype included):
 
 * finiteness: the path returns NaN/inf only where the oracle does; where the oracle's value is
@@ -17,7 +17,7 @@ run in the case's dtype included):
   moves when every input is perturbed by one ulp of the dtype (random signs): what a
   backward-stable evaluation in that dtype is entitled to on ill-conditioned (extreme) inputs, a
   few ulps at unit scale. Paths that sum in the input dtype itself (float32) also get
-  attnbench.testing's random-walk term for summing T x D products, and sqrt(T x D) probes.
+  attnbench.core.testing's random-walk term for summing T x D products, and sqrt(T x D) probes.
 * rows with no visible key (where a mechanism's parameters allow them): exactly 0.
 
 Fused paths that cannot run on this machine are skipped (``path.unavailable``). No case is
@@ -37,10 +37,10 @@ from hypothesis import HealthCheck, assume, event, given, note, settings
 from hypothesis import strategies as st
 
 from attnbench import api, registry
-from attnbench.errors import AttnbenchError
-from attnbench.inputs import make_inputs
-from attnbench.spec import Shape
-from attnbench.testing import ACCUMULATION, SUM_ULPS, eps
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
+from attnbench.core.testing import ACCUMULATION, SUM_ULPS, eps
 from tests.conftest import directions, runnable_paths
 
 HALF = (torch.float16, torch.bfloat16)
@@ -235,7 +235,7 @@ def probe(case: Case, oracle_inputs: dict[str, torch.Tensor], oracle: torch.Tens
 def rounding_allowance(case: Case) -> float:
     """The probe-free part of the bound, relative to the output scale: ORACLE_ULPS ulps, plus the
     random-walk error of summing a row (T x head dim products) where the path sums in the
-    input dtype itself (float32; half paths sum in float32), as in attnbench.testing."""
+    input dtype itself (float32; half paths sum in float32), as in attnbench.core.testing."""
     acc = ACCUMULATION[case.dtype]
     summing = SUM_ULPS * eps(acc) * math.sqrt(case.t * case.head_dim) if acc == case.dtype else 0
     return ORACLE_ULPS * eps(case.dtype) + summing

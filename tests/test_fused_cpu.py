@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 from attnbench import registry
 from attnbench.api import attention
 from attnbench.cli import app
-from attnbench.errors import AttnbenchError
-from attnbench.inputs import make_inputs
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
+from attnbench.core.testing import compare_paths
 from attnbench.kernels import flex, sdpa, triton_ops
-from attnbench.spec import Shape
-from attnbench.testing import compare_paths
 from tests.dense_refs import dense_masked, dilated_rule, make_qkv, window_rule
 
 SDPA_MECHS = ("softmax", "softmax-logn", "mqa", "gqa")
@@ -114,7 +114,7 @@ def test_flex_path_matches_dense_mask_forward(rule, params, causal):
 
 def test_flex_fused_wires_a_sparse_mechanism_in_one_line():
     """How the sparse mechanisms get their fused path: ``flex_fused(visible)`` in ``paths``."""
-    from attnbench.spec import Mechanism, PathSpec, positive_int
+    from attnbench.core.spec import Mechanism, PathSpec, positive_int
 
     mech = Mechanism(
         name="toy-local",
@@ -301,8 +301,8 @@ def test_cpu_side_works_without_triton():
         "from attnbench import registry\n"
         "from attnbench.api import attention\n"
         "from attnbench.cli import app\n"
-        "from attnbench.inputs import make_inputs\n"
-        "from attnbench.spec import Shape\n"
+        "from attnbench.core.inputs import make_inputs\n"
+        "from attnbench.core.spec import Shape\n"
         "from typer.testing import CliRunner\n"
         "for m in registry.MECHANISMS:\n"
         "    p = m.defaults\n"

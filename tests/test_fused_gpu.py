@@ -1,6 +1,6 @@
-"""Every fused path on a CUDA GPU, judged by flash-attention's rule (attnbench.testing): error at
-most 2x a same-dtype naive computation's (3x for gradients), fp16 and bf16, causal and not, odd
-lengths. Run with ``pytest -m gpu`` (the default run deselects the marker).
+"""Every fused path on a CUDA GPU, judged by flash-attention's rule (attnbench.core.testing):
+error at most 2x a same-dtype naive computation's (3x for gradients), fp16 and bf16, causal and
+not, odd lengths. Run with ``pytest -m gpu`` (the default run deselects the marker).
 
 Two groups: (1) every ``fused`` path in the registry against its mechanism's reference, so a
 mechanism wired to a fused path later is covered with no edit here; (2) the kernels themselves
@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from attnbench import registry
-from attnbench.errors import AttnbenchError
-from attnbench.inputs import make_inputs
-from attnbench.spec import Shape
-from attnbench.testing import compare_paths
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
+from attnbench.core.testing import compare_paths
 from tests.dense_refs import (
     dense_masked,
     dilated_rule,

@@ -20,10 +20,10 @@ from typer.testing import CliRunner
 from attnbench import registry
 from attnbench.api import attention
 from attnbench.cli import app
-from attnbench.errors import AttnbenchError
-from attnbench.inputs import make_inputs
-from attnbench.spec import Shape
-from attnbench.testing import compare_paths
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
+from attnbench.core.testing import compare_paths
 from attnbench.variants.sparse.longnet import multiplicity
 
 NO_CUDA = not torch.cuda.is_available()

@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 from attnbench import registry
 from attnbench.api import attention
 from attnbench.cli.common import Group
-from attnbench.errors import AttnbenchError
-from attnbench.inputs import make_inputs
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
+from attnbench.core.testing import FLOOR, compare_paths
 from attnbench.layers import Rotary, make_layer
 from attnbench.measure.memory import cpu_peak
-from attnbench.spec import Shape
-from attnbench.testing import FLOOR, compare_paths
 from attnbench.variants.gau import overflow_bound
 
 GAU = registry.get("gau")

@@ -20,9 +20,9 @@ import torch
 
 from attnbench import registry
 from attnbench.api import attention
-from attnbench.errors import AttnbenchError
-from attnbench.inputs import make_inputs
-from attnbench.spec import Shape
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
 from tests.conftest import directions
 
 HALF = [pytest.param(torch.float16, id="float16"), pytest.param(torch.bfloat16, id="bfloat16")]

@@ -10,12 +10,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attnbench import capabilities, registry
+from attnbench import registry
 from attnbench.cli import app
-from attnbench.inputs import make_inputs
+from attnbench.core import capabilities
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
+from attnbench.core.testing import compare_paths
 from attnbench.measure import machine
-from attnbench.spec import Shape
-from attnbench.testing import compare_paths
 
 runner = CliRunner()
 LOCAL = registry.get("local")
@@ -87,7 +88,7 @@ def test_release_comparison():
 def test_a_package_that_does_not_import_is_a_one_line_error(monkeypatch):
     import sys
 
-    from attnbench.errors import AttnbenchError
+    from attnbench.core.errors import AttnbenchError
 
     monkeypatch.setitem(sys.modules, "local_attention", None)  # installed but broken
     x = make_inputs(LOCAL, Shape(1, 1, 9, 4), LOCAL.resolve({}), seed=0)

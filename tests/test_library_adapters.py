@@ -20,11 +20,11 @@ import pytest
 import torch
 
 from attnbench import registry
-from attnbench.errors import AttnbenchError
-from attnbench.inputs import make_inputs
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
+from attnbench.core.testing import compare_paths, judge_approximate
 from attnbench.libraries import fla
-from attnbench.spec import Shape
-from attnbench.testing import compare_paths, judge_approximate
 
 with warnings.catch_warnings():  # "Triton is not supported on current platform": expected here
     warnings.simplefilter("ignore")

@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 from attnbench import api, registry
 from attnbench.cli.common import Group, parse_params
-from attnbench.errors import AttnbenchError
-from attnbench.inputs import make_inputs
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
+from attnbench.core.testing import compare_paths
 from attnbench.layers import Rotary, make_layer
 from attnbench.measure.memory import cpu_peak
-from attnbench.spec import Shape
-from attnbench.testing import compare_paths
 
 LINEAR = registry.get("linear")
 RETENTION = registry.get("retention")
@@ -347,8 +347,8 @@ def test_running_states_of_half_inputs_are_summed_in_float32(name, path, dtype):
     """T = 1000, 8 heads of 64 (RetNet's slowest decay 1 - 2^-12 keeps ~4000 steps): in the
     input's half dtype the states were off by up to 67 % (retention, bfloat16) and linear
     attention's float16 normaliser passed 65504; now within C_HALF ulps of the output."""
-    from attnbench.inputs import make_inputs
-    from attnbench.spec import Shape
+    from attnbench.core.inputs import make_inputs
+    from attnbench.core.spec import Shape
 
     mech = registry.get(name)
     params = mech.resolve({})

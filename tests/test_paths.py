@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnbench.inputs import make_inputs
-from attnbench.testing import compare_paths
+from attnbench.core.inputs import make_inputs
+from attnbench.core.testing import compare_paths
 from tests.conftest import path_cases
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnbench.inputs import make_inputs
-from attnbench.spec import Shape
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
 from tests.conftest import mechanism_params
 
 T, CUT = 37, 20  # positions >= CUT are changed; outputs before CUT must not move

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from attnbench import sources
 from attnbench.cli import app
+from attnbench.core import sources
+from attnbench.core.sources import Source
 from attnbench.registry import MECHANISMS
-from attnbench.sources import Source
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOGUE = [v for v in vars(sources).values() if isinstance(v, Source)]
@@ -45,7 +45,7 @@ def test_every_mechanism_has_a_catalogued_source():
     for mech in MECHANISMS:
         assert mech.sources, f"{mech.name} has no source"
         for s in mech.sources:
-            assert s.link in links, f"{mech.name}: {s.short} is not in attnbench.sources"
+            assert s.link in links, f"{mech.name}: {s.short} is not in attnbench.core.sources"
 
 
 def test_list_json_gives_every_source_in_full():

@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 from attnbench import registry
 from attnbench.api import attention
 from attnbench.cli import app
-from attnbench.errors import AttnbenchError
-from attnbench.inputs import make_inputs
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
+from attnbench.core.testing import compare_paths
 from attnbench.measure.memory import cpu_peak
-from attnbench.spec import Shape
-from attnbench.testing import compare_paths
 from attnbench.variants.dense import softmax_attention
 from attnbench.variants.sparse.bigbird import random_table
 

@@ -17,9 +17,9 @@ from attnbench.bench.config import SpeedSuite, override, select
 from attnbench.bench.plan import plan
 from attnbench.bench.results import COLUMNS, read_results
 from attnbench.bench.run import describe_not_run, is_oom, run_speed
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.spec import ExtraInput, Mechanism, PathSpec, Requirement
 from attnbench.measure.timing import Clock, TimingPolicy
-from attnbench.spec import ExtraInput, Mechanism, PathSpec, Requirement
 from attnbench.variants import softmax
 
 FAST = TimingPolicy(

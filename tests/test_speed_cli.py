@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from attnbench import registry
 from attnbench.bench.results import ResultsWriter, read_results
 from attnbench.cli import app
-from attnbench.spec import PathSpec, Requirement
+from attnbench.core.spec import PathSpec, Requirement
 from attnbench.variants import softmax
 
 runner = CliRunner()

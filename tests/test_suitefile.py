@@ -9,8 +9,8 @@ import pytest
 
 from attnbench.bench import config as speed_suite
 from attnbench.bench.config import load_suite
-from attnbench.errors import AttnbenchError
-from attnbench.tomlconfig import SUITES_DIR, Lines, find_suite
+from attnbench.core.errors import AttnbenchError
+from attnbench.runtime.tomlconfig import SUITES_DIR, Lines, find_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -14,7 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation import curves
 from attnbench.extrapolation.run import run_extrapolate
 from attnbench.extrapolation.train import CurvePoint, Interrupted, TrainConfig, lr_at

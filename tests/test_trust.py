@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 
 from attnbench.bench.complexity import MIN_POINTS, fit_exponents, time_verdict
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.spec import Shape
 from attnbench.data.corpus import load_corpus
-from attnbench.errors import AttnbenchError
-from attnbench.outputs import atomic_open, ensure_dir
-from attnbench.spec import Shape
+from attnbench.runtime.outputs import atomic_open, ensure_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -17,8 +17,8 @@ from attnbench.bench.run import run_speed
 from attnbench.bench.sweep import plan_sweep, run_sweep
 from attnbench.bench.units import speed_units, unit_dir
 from attnbench.cli import app
-from attnbench.engines import FAULT_ENV, FAULT_EXIT, parse_shard
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
+from attnbench.runtime.engines import FAULT_ENV, FAULT_EXIT, parse_shard
 from tests.test_speed import tiny
 
 runner = CliRunner()

@@ -120,7 +120,7 @@ from attnbench.bench.thresholds import (
     VERDICT_ORDER,
     WORK_METRIC,
 )
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from attnbench import registry
-from attnbench.errors import AttnbenchError, unknown
+from attnbench.core.errors import AttnbenchError, unknown
+from attnbench.core.spec import PATH_KINDS, Mechanism, PathSpec
 from attnbench.measure import machine
 from attnbench.measure.timing import ORDERS, TimingPolicy
-from attnbench.spec import PATH_KINDS, Mechanism, PathSpec
-from attnbench.tomlconfig import Key, SuiteText, find_suite, load, read_table
+from attnbench.runtime.tomlconfig import Key, SuiteText, find_suite, load, read_table
 
 DIRECTIONS = ("fwd", "fwdbwd")
 DEVICES = ("auto", "cpu", "cuda")

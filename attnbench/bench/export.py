@@ -41,7 +41,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.bench.results import plain, read_results
-from attnbench.errors import AttnbenchError, unknown
+from attnbench.core.errors import AttnbenchError, unknown
 
 TARGETS = ("github-benchmark", "bencher")
 GITHUB_TOOL = {False: "customSmallerIsBetter", True: "customBiggerIsBetter"}

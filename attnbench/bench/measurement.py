@@ -50,7 +50,7 @@ from attnbench.bench.results import (
     read_samples_file,
     row_key,
 )
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 RECONSTRUCTED = "median, p20, p80 only (no per-round samples file): three raw times"
 FROM_SAMPLES = "per-round samples"

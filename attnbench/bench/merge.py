@@ -29,7 +29,7 @@ from attnbench.bench.units import (
     write_json_atomic,
     write_plan,
 )
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 EXTRAPOLATE_HINT = (
     "extrapolation runs are not merged: their shards share one --checkpoints folder, and "

@@ -11,7 +11,7 @@ import torch
 
 from attnbench.bench.config import SpeedSuite, params_for, select
 from attnbench.bench.results import params_text
-from attnbench.spec import Mechanism, PathSpec, Shape
+from attnbench.core.spec import Mechanism, PathSpec, Shape
 
 
 @dataclass(frozen=True, eq=False)

@@ -20,7 +20,7 @@ from attnbench.bench.figstyle import figure_keys, file_stem, mechanism_colors, s
 from attnbench.bench.headline import headline_figure
 from attnbench.bench.panels import METRICS, family_figure
 from attnbench.bench.results import read_results
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 FORMATS = ("png", "svg")
 HEADLINE_NAME = "headline"

@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 #: Every column, in order. A CSV whose header differs is not read (schema mismatch).
 COLUMNS: tuple[str, ...] = (

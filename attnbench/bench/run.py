@@ -55,8 +55,9 @@ from attnbench.bench.results import (
     row_key,
 )
 from attnbench.bench.units import Unit
-from attnbench.errors import AttnbenchError
-from attnbench.inputs import make_inputs
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Mechanism
 from attnbench.measure import machine
 from attnbench.measure.flops import BACKWARD_FACTOR, MatmulAnchor, count_flops
 from attnbench.measure.memory import PeakMemory, peak_memory
@@ -71,8 +72,7 @@ from attnbench.measure.timing import (
     stats,
     warm_up,
 )
-from attnbench.outputs import ensure_dir
-from attnbench.spec import Mechanism
+from attnbench.runtime.outputs import ensure_dir
 
 SCHEMA_VERSION = 1
 CSV_NAME = "results.csv"

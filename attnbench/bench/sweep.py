@@ -13,7 +13,7 @@ Executors:
   unit's threads as ``num_cpus`` on a CPU). Each task runs in a scratch folder of its node and
   returns its files to this process, so the nodes need no shared file system.
 
-Fault injection for the tests: :mod:`attnbench.engines`.
+Fault injection for the tests: :mod:`attnbench.runtime.engines`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from attnbench.bench.units import (
     write_json_atomic,
     write_plan,
 )
-from attnbench.engines import (
+from attnbench.core.errors import AttnbenchError
+from attnbench.runtime.engines import (
     check_executor,
     check_fits,
     died_reason,
@@ -54,7 +55,6 @@ from attnbench.engines import (
     ray_session,
     require_ray,
 )
-from attnbench.errors import AttnbenchError
 
 
 @dataclass

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 PLAN_NAME = "plan.json"
 UNITS_DIR = "units"

@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from attnbench.cli.common import out, parse_params
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 if TYPE_CHECKING:
-    from attnbench.spec import Shape
+    from attnbench.core.spec import Shape
 
 # torch and the registry are imported inside the command: `--help` must not wait for them.
 DTYPES = ("float64", "float32", "float16", "bfloat16")
@@ -48,9 +48,9 @@ def check(
 
     from attnbench import registry
     from attnbench.api import check_tensors
-    from attnbench.inputs import make_inputs
-    from attnbench.spec import Shape
-    from attnbench.testing import compare_paths
+    from attnbench.core.inputs import make_inputs
+    from attnbench.core.spec import Shape
+    from attnbench.core.testing import compare_paths
 
     mech = registry.get(name)
     params = mech.resolve(parse_params(param))

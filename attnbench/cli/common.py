@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 #: Data goes to stdout (the terminal's width; when piped, $COLUMNS or 120); messages to stderr.
 out = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS") or 120))

@@ -21,7 +21,7 @@ from attnbench.bench.thresholds import (
     TIME_RATIO,
 )
 from attnbench.cli.common import err, out
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 if TYPE_CHECKING:  # the comparison itself (pandas, numpy) is imported when a command runs
     from attnbench.bench.compare import Comparison, Line
@@ -152,7 +152,7 @@ def compare_cmd(
 def _write_markdown(path: Path, result: Comparison, show_all: bool) -> None:
     """Whole or not at all: a full disk leaves no partial file (and any older one as it was)."""
     from attnbench.bench.compare import markdown
-    from attnbench.outputs import ensure_dir, write_text
+    from attnbench.runtime.outputs import ensure_dir, write_text
 
     ensure_dir(path.parent, "folder for --markdown")
     try:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from attnbench.cli.common import err, fail, out, parse_params
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 INTERRUPTED = 130
 
@@ -189,7 +189,7 @@ def extrapolate(
     cfg = cfg.override(values)
     if sum((resume, eval_only, overwrite)) > 1:
         raise fail("--resume, --eval-only and --overwrite exclude each other")
-    from attnbench.engines import parse_shard
+    from attnbench.runtime.engines import parse_shard
 
     parsed_shard = parse_shard(shard) if shard is not None else None
     train_only = train_only or parsed_shard is not None

@@ -70,13 +70,14 @@ def list_mechanisms(
 
     Example: [bold]attnbench list --format json[/bold]
     """
-    from attnbench import capabilities, catalogue
+    from attnbench.cli import catalogue
+    from attnbench.core import capabilities
 
     device = "cuda" if capabilities.cuda_available() else "cpu"
     every = catalogue.entries(device)
     entries = [e for e in every if family is None or e["family"] == family]
     if family is not None and not entries:
-        from attnbench.errors import unknown
+        from attnbench.core.errors import unknown
 
         raise unknown("family", family, list(dict.fromkeys(e["family"] for e in every)))
     if format is Format.json:

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from attnbench.cli.common import out, parse_params
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 
 def show(
@@ -30,7 +30,13 @@ def show(
     Example: [bold]attnbench show local --n 64 --param window=8 --causal --out local.png[/bold]
     """
     from attnbench import registry
-    from attnbench.pattern_view import MAX_PNG_N, MAX_TERMINAL_N, pattern_of, save_png, to_rich
+    from attnbench.render.pattern_view import (
+        MAX_PNG_N,
+        MAX_TERMINAL_N,
+        pattern_of,
+        save_png,
+        to_rich,
+    )
 
     mech = registry.get(name)
     if n > MAX_PNG_N or (out_path is None and n > MAX_TERMINAL_N):

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from attnbench.cli.common import err, out, parse_params, short_reason
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 if TYPE_CHECKING:  # the benchmark (torch) is imported when the command runs, not for --help
     from attnbench.bench.run import SpeedRun
@@ -333,7 +333,7 @@ def draw_figures(run: SpeedRun) -> list[Path]:
 def print_units(suite, shard: tuple[int, int] | None, fmt: str) -> None:
     """--list-units: every unit of the sweep, in plan order, with the shard that runs it."""
     from attnbench.bench.units import speed_units
-    from attnbench.engines import in_shard
+    from attnbench.runtime.engines import in_shard
 
     units = [u for u in speed_units(suite) if in_shard(u.index, shard)]
     if fmt == "json":
@@ -506,10 +506,10 @@ def speed(
         params=parse_params(param),
     )
     if list_units or executor is not None or shard is not None:
-        from attnbench.engines import parse_shard
+        from attnbench.runtime.engines import parse_shard
 
         parsed_shard = parse_shard(shard) if shard is not None else None
-        from attnbench.engines import EXECUTORS
+        from attnbench.runtime.engines import EXECUTORS
 
         if executor is not None and executor not in EXECUTORS:
             raise AttnbenchError(f"--executor {executor!r}: accepted: {', '.join(EXECUTORS)}")

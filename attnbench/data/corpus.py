@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 DEFAULT_TEXT = Path(__file__).resolve().parent / "shakespeare.txt.xz"
 DEFAULT_META = Path(__file__).resolve().parent / "shakespeare.json"

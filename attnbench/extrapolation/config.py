@@ -1,6 +1,7 @@
 """Configuration of the extrapolation experiment: presets (TOML shipped in
-``attnbench/data/suites/extrapolate/``, read by :mod:`attnbench.tomlconfig` like the speed suites,
-so every error names the file and line), overrides, and the variants (rows) of the table.
+``attnbench/data/suites/extrapolate/``, read by :mod:`attnbench.runtime.tomlconfig` like the
+speed suites, so every error names the file and line), overrides, and the variants (rows) of the
+table.
 
 A preset file has the sections ``[model]`` (:class:`ModelConfig`), ``[train]``
 (:class:`TrainConfig`), ``[eval]`` (:class:`EvalConfig`), ``[run]`` (:class:`RunConfig`) and
@@ -18,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnbench import registry, tomlconfig
-from attnbench.errors import AttnbenchError, unknown
+from attnbench import registry
+from attnbench.core.errors import AttnbenchError, unknown
 from attnbench.extrapolation.model import MixerSpec, ModelConfig
 from attnbench.extrapolation.train import TrainConfig
 from attnbench.extrapolation.tricks import Tricks, parse_tricks
+from attnbench.runtime import tomlconfig
 
 DEFAULT_EVAL_TIME = (
     "logn", "temperature", "yarn", "local", "chunk", "ntk", "pi", "rerope", "rerope+logn"

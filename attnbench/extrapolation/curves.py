@@ -28,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.train import CurvePoint, TrainConfig, lr_at
 
 COLUMNS = ("variant", "seed", "step", "loss", "lr", "tokens_per_s", "train_time_s",

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 #: The variables torchrun sets in every process it starts.
 TORCHRUN_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

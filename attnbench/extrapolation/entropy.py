@@ -36,14 +36,14 @@ import numpy as np
 import pandas as pd
 import torch
 
+from attnbench.core.errors import AttnbenchError
 from attnbench.data import load_corpus
-from attnbench.errors import AttnbenchError
 from attnbench.extrapolation.config import ExtrapConfig
 from attnbench.extrapolation.evaluate import EntropyProbe, LengthGuard, row_entropy
 from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
 from attnbench.extrapolation.train import load_checkpoint
 from attnbench.measure import machine
-from attnbench.outputs import ensure_dir
+from attnbench.runtime.outputs import ensure_dir
 
 SEED_C = 0.24  # Su 2021's Laplace-approximation constant
 E_BASE = 512.0

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from attnbench import registry
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 from attnbench.layers import Rotary, make_layer
 
 #: Byte values are their own ids; one extra id stands for a masked position.

@@ -15,9 +15,9 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation import stats
-from attnbench.outputs import atomic_open
+from attnbench.runtime.outputs import atomic_open
 
 #: Su 2021's table: MLM accuracy (%) of RoFormer small trained at n = 64.
 PUBLISHED: dict[str, dict[int, float]] = {
@@ -332,7 +332,7 @@ def figure_from_csv(path: Path | str, out_dir: Path | None = None, fmt: str = "p
     title, the ``extrapolate.json`` beside it), into ``out_dir`` (default: beside the CSV)."""
     import json
 
-    from attnbench.outputs import ensure_dir
+    from attnbench.runtime.outputs import ensure_dir
 
     path = Path(path)
     rows = pd.read_csv(path).to_dict("records")

@@ -34,9 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnbench import engines
+from attnbench.core.errors import AttnbenchError
 from attnbench.data import load_corpus
-from attnbench.errors import AttnbenchError
 from attnbench.extrapolation import baseline, curves, distributed, report, units
 from attnbench.extrapolation.config import (
     EvalTimeVariant,
@@ -58,7 +57,8 @@ from attnbench.extrapolation.train import (
 )
 from attnbench.extrapolation.tricks import TrickMixer
 from attnbench.measure import machine
-from attnbench.outputs import ensure_dir
+from attnbench.runtime import engines
+from attnbench.runtime.outputs import ensure_dir
 
 MASKING = (
     "each position replaced by the [MASK] id independently with probability {p} (training and "

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.model import MASK_ID
 from attnbench.extrapolation.progress import NoProgress, TrainProgress
 

@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnbench.errors import AttnbenchError, unknown
+from attnbench.core.errors import AttnbenchError, unknown
 from attnbench.layers import Rotary
 
 #: YaRN's ramp: pairs making fewer than alpha turns over the training length are interpolated

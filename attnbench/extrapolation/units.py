@@ -19,13 +19,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnbench.engines import (
+from attnbench.core.errors import AttnbenchError
+from attnbench.runtime.engines import (
     check_fits,
     died_reason,
     inject_fault,
     ray_session,
 )
-from attnbench.errors import AttnbenchError
 
 
 def unit_list(entries: Sequence[tuple], shard: tuple[int, int] | None) -> list[dict[str, Any]]:

@@ -33,9 +33,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnbench.errors import AttnbenchError
-from attnbench.requirements import CUDA, FLEX
-from attnbench.spec import PathSpec, Requirement
+from attnbench.core.capabilities import CUDA, FLEX, Requirement
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.spec import PathSpec
 
 #: ``visible(i, j, n, causal, params) -> bool tensor`` (see ``Mechanism.visible``).
 VisibleRule = Callable[..., Tensor]

@@ -19,9 +19,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from attnbench.errors import AttnbenchError
-from attnbench.requirements import CUDA
-from attnbench.spec import PathSpec
+from attnbench.core.capabilities import CUDA
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.spec import PathSpec
 
 #: Backend names as users write them (path ``sdpa-<name>``) -> torch's enum.
 BACKENDS: dict[str, SDPBackend] = {

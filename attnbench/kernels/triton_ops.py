@@ -26,10 +26,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnbench.errors import AttnbenchError
-from attnbench.precision import refuse_overflow
-from attnbench.requirements import CUDA, TRITON
-from attnbench.spec import PathSpec
+from attnbench.core.capabilities import CUDA, TRITON
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.precision import refuse_overflow
+from attnbench.core.spec import PathSpec
 
 #: dtypes the Triton kernels take (tl.dot has no float64 tensor-core path).
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -31,7 +31,7 @@ from typing import Any
 
 from torch import Tensor
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 #: Where each FLA kernel lives (module, function): looked up on first call, so the package is
 #: imported only when one of its paths runs.

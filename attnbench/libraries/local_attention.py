@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 
 def local_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Tensor:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 HEAD_DIMS = (64, 96, 128)
 

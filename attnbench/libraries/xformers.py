@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 
 def _fmha():

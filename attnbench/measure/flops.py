@@ -1,6 +1,6 @@
 """FLOPs: counted exactly for the pattern, and the device's own matmul rate for the roofline.
 
-Forward FLOPs come from :meth:`attnbench.spec.Mechanism.forward_flops`: by default
+Forward FLOPs come from :meth:`attnbench.core.spec.Mechanism.forward_flops`: by default
 ``2 * B * H * pairs * (D + Dv)`` with the attended (query, key) pairs counted exactly for the
 pattern (causal, windows, dilation), or the mechanism's own formula when it declares one (linear
 attention, AFT...). A multiply-add counts as 2.
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from attnbench.spec import Mechanism, Shape
+from attnbench.core.spec import Mechanism, Shape
 
 #: Backward = 2x forward: each forward matmul C = A B has two backward matmuls (dA = dC B^T,
 #: dB = A^T dC). FlashAttention's benchmarks count 2.5x because their backward also recomputes

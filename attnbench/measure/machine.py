@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 import attnbench
-from attnbench import capabilities
-from attnbench.errors import AttnbenchError
+from attnbench.core import capabilities
+from attnbench.core.errors import AttnbenchError
 
 
 def _cpuinfo() -> dict[str, str]:

@@ -41,11 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench import sources
-from attnbench.errors import AttnbenchError
+from attnbench.core import sources
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.precision import float32_sums, refuse_overflow, to_dtype
+from attnbench.core.spec import ExtraInput, Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.kernels import triton_ops
-from attnbench.precision import float32_sums, refuse_overflow, to_dtype
-from attnbench.spec import ExtraInput, Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.gau import NORMS, sdpa_any_width
 
 # --------------------------------------------------------------------------------------------

@@ -17,8 +17,8 @@ import math
 import torch
 from torch import Tensor
 
-from attnbench import sources
-from attnbench.spec import Mechanism, PathSpec, positive_int
+from attnbench.core import sources
+from attnbench.core.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.softmax import reference as softmax_reference
 
 

@@ -39,10 +39,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench import sources
+from attnbench.core import sources
+from attnbench.core.precision import float32_sums, refuse_overflow
+from attnbench.core.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.kernels.triton_ops import gau_path
-from attnbench.precision import float32_sums, refuse_overflow
-from attnbench.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.dense import causal_mask, keys_seen, softmax_attention
 
 SCORINGS = ("relu2", "softmax", "softmax_plus")

@@ -33,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnbench.building_blocks import DeviceCheck, Rotary
-from attnbench.errors import AttnbenchError
-from attnbench.spec import Mechanism, PathSpec
+from attnbench.core.building_blocks import DeviceCheck, Rotary
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.spec import Mechanism, PathSpec
 
 #: γ of the scale-and-offset maps starts at 1 + N(0, GAMMA_INIT_STD) (see the module docstring
 #: for why not the paper's N(0, 0.02)).

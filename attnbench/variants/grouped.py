@@ -14,9 +14,9 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench import sources
+from attnbench.core import sources
+from attnbench.core.spec import Mechanism, PathSpec, Shape, positive_int
 from attnbench.kernels.sdpa import backend_path, backend_paths
-from attnbench.spec import Mechanism, PathSpec, Shape, positive_int
 from attnbench.variants.dense import causal_mask, softmax_attention
 
 

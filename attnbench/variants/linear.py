@@ -40,12 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench import sources
+from attnbench.core import sources
+from attnbench.core.capabilities import FLA_CORE
+from attnbench.core.precision import float32_sums, refuse_overflow, to_dtype
+from attnbench.core.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.kernels import triton_ops
 from attnbench.libraries import fla
-from attnbench.precision import float32_sums, refuse_overflow, to_dtype
-from attnbench.requirements import FLA_CORE
-from attnbench.spec import Mechanism, Param, PathSpec, Shape, positive_int
 
 
 class _EluPlusOne(torch.autograd.Function):

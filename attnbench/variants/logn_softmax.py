@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench import sources
+from attnbench.core import sources
+from attnbench.core.spec import Mechanism, Param, PathSpec
 from attnbench.kernels.flex import ScoreMod, flex_fused
 from attnbench.kernels.sdpa import backend_paths, sdpa_with_backend
-from attnbench.spec import Mechanism, Param, PathSpec
 from attnbench.variants.dense import causal_mask, keys_seen, softmax_attention
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench import sources
+from attnbench.core import sources
+from attnbench.core.capabilities import CUDA, FLA_CORE, SAGEATTENTION, XFORMERS
+from attnbench.core.spec import Mechanism, PathSpec
 from attnbench.kernels.sdpa import backend_path, backend_paths
 from attnbench.kernels.triton_ops import REQUIRES
 from attnbench.libraries.fla import softmax_attention as fla_softmax
 from attnbench.libraries.sage import sage_attention
 from attnbench.libraries.xformers import memory_efficient
-from attnbench.requirements import CUDA, FLA_CORE, SAGEATTENTION, XFORMERS
-from attnbench.spec import Mechanism, PathSpec
 from attnbench.variants.dense import causal_mask, softmax_attention
 
 

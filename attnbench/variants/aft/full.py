@@ -50,9 +50,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench import sources
-from attnbench.precision import float32_sums
-from attnbench.spec import ExtraInput, Mechanism, Param, PathSpec, Shape, positive_int
+from attnbench.core import sources
+from attnbench.core.precision import float32_sums
+from attnbench.core.spec import ExtraInput, Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.aft.common import as_features, check_elementwise, from_features
 from attnbench.variants.aft.dense import aft_dense
 from attnbench.variants.aft.layer import aft_layer

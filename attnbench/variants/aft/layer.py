@@ -22,9 +22,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from attnbench.building_blocks import DeviceCheck
-from attnbench.errors import AttnbenchError
-from attnbench.spec import Mechanism
+from attnbench.core.building_blocks import DeviceCheck
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.spec import Mechanism
 
 #: (params, heads, max_len) -> the learned bias tensors at initialisation.
 Init = Callable[[Mapping[str, Any], int, int], dict[str, Tensor]]

@@ -29,9 +29,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench import sources
-from attnbench.precision import float32_sums
-from attnbench.spec import ExtraInput, Mechanism, PathSpec, Shape, positive_int
+from attnbench.core import sources
+from attnbench.core.precision import float32_sums
+from attnbench.core.spec import ExtraInput, Mechanism, PathSpec, Shape, positive_int
 from attnbench.variants.aft.common import check_elementwise
 from attnbench.variants.aft.dense import aft_dense, band_to_dense
 from attnbench.variants.aft.layer import aft_layer

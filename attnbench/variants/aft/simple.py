@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnbench import sources
-from attnbench.precision import float32_sums
-from attnbench.spec import Mechanism, PathSpec, Shape
+from attnbench.core import sources
+from attnbench.core.precision import float32_sums
+from attnbench.core.spec import Mechanism, PathSpec, Shape
 from attnbench.variants.aft.common import check_elementwise
 from attnbench.variants.aft.dense import aft_dense
 from attnbench.variants.aft.layer import aft_layer, no_bias, same_at_every_length

@@ -37,7 +37,7 @@ nothing until it nears 700, and those that fail even there are recomputed densel
 own exact maximum (``den >= 1``).
 
 The AFT efficient paths take half inputs (float16, bfloat16) in float32
-(:func:`attnbench.precision.float32_sums`): float16's own exponent range (it underflows
+(:func:`attnbench.core.precision.float32_sums`): float16's own exponent range (it underflows
 below e^-17) would make the certificate fail for ordinary inputs, and logits w + K rounded to 8
 or 11 bits lose digits the float64 oracle keeps.
 """

@@ -31,11 +31,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from attnbench import sources
+from attnbench.core import sources
+from attnbench.core.capabilities import FLA_CORE
+from attnbench.core.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.kernels.triton_ops import REQUIRES, fused_path
 from attnbench.libraries.fla import FORMS
-from attnbench.requirements import FLA_CORE
-from attnbench.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.retention.chunkwise import chunkwise
 from attnbench.variants.retention.decay import NORMALIZATIONS
 from attnbench.variants.retention.fused import fla_form, triton

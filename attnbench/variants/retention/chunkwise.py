@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attnbench.precision import float32_sums
+from attnbench.core.precision import float32_sums
 from attnbench.variants.retention.decay import finish, log_gammas, require_causal, with_ones
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 NORMALIZATIONS = ("none", "rownorm")
 CAUSAL_ONLY = (

@@ -15,10 +15,10 @@ import math
 import torch
 from torch import Tensor
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.precision import refuse_overflow
 from attnbench.kernels import triton_ops
 from attnbench.libraries import fla
-from attnbench.precision import refuse_overflow
 from attnbench.variants.retention.decay import log_gammas, require_causal
 
 

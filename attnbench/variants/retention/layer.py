@@ -18,9 +18,9 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnbench.building_blocks import DeviceCheck
-from attnbench.errors import AttnbenchError
-from attnbench.spec import Mechanism
+from attnbench.core.building_blocks import DeviceCheck
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.spec import Mechanism
 
 
 class MultiScaleRetention(nn.Module):

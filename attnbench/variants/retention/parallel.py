@@ -12,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from attnbench.precision import float32_sums
+from attnbench.core.precision import float32_sums
 from attnbench.variants.retention.decay import log_gammas, require_causal
 
 

@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnbench import sources
+from attnbench.core import sources
+from attnbench.core.spec import Mechanism, PathSpec, positive_int
 from attnbench.kernels.flex import flex_fused
-from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.sparse.common import masked_reference, rows
 from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part, attend
 

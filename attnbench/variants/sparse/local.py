@@ -18,14 +18,14 @@ from typing import Any
 
 from torch import Tensor
 
-from attnbench import sources
+from attnbench.core import sources
+from attnbench.core.capabilities import CUDA, FLA_CORE, LOCAL_ATTENTION, XFORMERS
+from attnbench.core.spec import Mechanism, PathSpec, positive_int
 from attnbench.kernels.flex import flex_fused
 from attnbench.kernels.triton_ops import REQUIRES
 from attnbench.libraries.fla import softmax_attention as fla_softmax
 from attnbench.libraries.local_attention import local_attention
 from attnbench.libraries.xformers import memory_efficient
-from attnbench.requirements import CUDA, FLA_CORE, LOCAL_ATTENTION, XFORMERS
-from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.sparse.common import band_block, masked_reference, window_count
 from attnbench.variants.sparse.engine import Band, Blocks, Part, attend, ceil_div
 

@@ -38,9 +38,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnbench import sources
+from attnbench.core import sources
+from attnbench.core.spec import Mechanism, Param, PathSpec, Shape
 from attnbench.kernels.flex import ScoreMod, flex_fused
-from attnbench.spec import Mechanism, Param, PathSpec, Shape
 from attnbench.variants.dense import softmax_attention
 from attnbench.variants.sparse.engine import Dilated, Part, attend
 

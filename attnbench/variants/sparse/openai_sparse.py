@@ -19,9 +19,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnbench import sources
+from attnbench.core import sources
+from attnbench.core.spec import Mechanism, PathSpec, positive_int
 from attnbench.kernels.flex import flex_fused
-from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.sparse.common import band_and_residue_count, band_block, masked_reference
 from attnbench.variants.sparse.engine import Band, Blocks, Part, Residue, attend, ceil_div
 

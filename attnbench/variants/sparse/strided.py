@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnbench import sources
+from attnbench.core import sources
+from attnbench.core.spec import Mechanism, PathSpec, positive_int
 from attnbench.kernels.flex import flex_fused
-from attnbench.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.sparse.common import band_and_residue_count, masked_reference
 from attnbench.variants.sparse.openai_sparse import band_plus_residue
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnbench.spec import Mechanism, Shape
+from attnbench.core.spec import Mechanism, Shape
 
 
 def make_inputs(

@@ -20,14 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from attnbench.errors import AttnbenchError, unknown
+from attnbench.core.errors import AttnbenchError, unknown
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-PACKAGE_DIR = Path(__file__).resolve().parent
+PACKAGE_DIR = Path(__file__).resolve().parent.parent  # attnbench/
 #: The shipped speed suites; presets of the extrapolation experiment in ``extrapolate/``.
 SUITES_DIR = PACKAGE_DIR / "data" / "suites"
 PRESETS_DIR = SUITES_DIR / "extrapolate"

@@ -1,10 +1,13 @@
-"""What this machine can run, answered without importing torch where that is possible.
+"""What a path needs from the machine, and whether this machine has it: the one capability check.
 
-The checks behind :mod:`attnbench.requirements` (what a path needs: CUDA, Triton, FlexAttention).
-They are written against a device *type* (``"cpu"``, ``"cuda"``), so that ``attnbench list`` can
-answer from the registry snapshot (:mod:`attnbench.catalogue`) in a fraction of a second: torch
-is imported only when the answer depends on it (a GPU device node exists, or torch is already
-loaded, as in the Python API and the tests).
+A path declares :class:`Requirement` objects (:data:`CUDA`, :data:`TRITON`, :data:`FLEX`, a
+library package); each wraps a check written against a device *type* (``"cpu"``, ``"cuda"``) that
+returns None when met, else the reason. :meth:`attnbench.core.spec.Mechanism.not_supported_reasons`
+asks them for the API, the layers, ``check`` and the speed sweep; ``attnbench list`` asks the same
+checks by name (:func:`reasons`) from the cached registry description
+(:mod:`attnbench.cli.catalogue`), in a fraction of a second: torch is imported only when the
+answer depends on it (a GPU device node exists, or torch is already loaded, as in the Python API
+and the tests).
 """
 
 from __future__ import annotations
@@ -14,7 +17,12 @@ import importlib.util
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 #: Device nodes a GPU torch could use (NVIDIA's driver, AMD's ROCm, WSL's). On Linux, none of
 #: them present means torch.cuda.is_available() is False, without asking torch.
@@ -156,3 +164,28 @@ def reasons(requires: list[str] | tuple[str, ...], device_type: str, backward: b
     """Every unmet requirement's reason in one line ('' when all are met)."""
     found = (CHECKS[name](device_type, backward) for name in requires)
     return "; ".join(r for r in found if r)
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """Something a path needs from the machine; ``check`` returns None when met, else why not."""
+
+    name: str
+    check: Callable[[torch.device, bool], str | None]
+
+
+def requirement(name: str) -> Requirement:
+    """The :class:`Requirement` of ``CHECKS[name]``, asked with a device."""
+    check = CHECKS[name]
+    return Requirement(name, lambda device, backward: check(device.type, backward))
+
+
+CUDA = requirement("cuda")
+TRITON = requirement("triton")
+FLEX = requirement("flex")
+
+#: Library-backed paths: the other project's package, at a tested version.
+LOCAL_ATTENTION = requirement("package:local-attention")
+FLA_CORE = requirement("package:fla-core")
+SAGEATTENTION = requirement("package:sageattention")
+XFORMERS = requirement("package:xformers")

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 HALF = (torch.float16, torch.bfloat16)
 

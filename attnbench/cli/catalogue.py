@@ -1,30 +1,46 @@
-"""The registry as plain data, and a snapshot of it that ``attnbench list`` reads without
-importing torch (importing torch alone takes 1.5-2.5 s on a 2-core machine).
+"""The registry as plain data, cached so that ``attnbench list`` answers without importing torch
+(importing torch alone takes 1.5-2.5 s on a 2-core machine).
 
-The snapshot, ``attnbench/data/registry.json``, holds every mechanism as :func:`describe` gives it
-and a fingerprint of the source files that define the registry. :func:`entries` uses it only when
-the fingerprint matches the installed sources; otherwise (a mechanism added or edited since) it
-builds the same data from the live registry, so what ``list`` shows is never stale. After
-changing a mechanism, refresh the snapshot with ``python -m attnbench.catalogue`` (a test fails
-until then, saying so).
+The cache is a JSON file named after a fingerprint of the source files that define the registry
+(``registry-<fingerprint>.json`` in attnbench's cache folder: ``$ATTNBENCH_CACHE``, else
+``$XDG_CACHE_HOME/attnbench``, else ``~/.cache/attnbench``). It is written by the first ``list``
+after any change to a mechanism, a path or a parameter (that one ``list`` builds the description
+from the live registry, importing torch), so it cannot go stale and nothing needs refreshing by
+hand. A cache folder that cannot be written only costs the speed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnbench import capabilities
+from attnbench.core import capabilities
+from attnbench.core.errors import AttnbenchError
+from attnbench.runtime.outputs import write_text
 
 if TYPE_CHECKING:
-    from attnbench.spec import Mechanism
+    from attnbench.core.spec import Mechanism
 
-PACKAGE = Path(__file__).resolve().parent
-SNAPSHOT = PACKAGE / "data" / "registry.json"
-#: Parts of the package that do not define the registry (their edits keep the snapshot valid).
-NOT_REGISTRY = ("cli", "bench", "extrapolation", "measure", "data")
+PACKAGE = Path(__file__).resolve().parent.parent
+#: Parts of the package that do not define the registry (their edits keep the cache valid).
+NOT_REGISTRY = ("cli", "bench", "extrapolation", "measure", "runtime", "render", "data")
+
+
+def cache_dir() -> Path:
+    """Where attnbench caches what it can rebuild (the registry description)."""
+    if os.environ.get("ATTNBENCH_CACHE"):
+        return Path(os.environ["ATTNBENCH_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "attnbench"
+
+
+def cache_file() -> Path:
+    """The cache file of the registry as the installed sources define it."""
+    return cache_dir() / f"registry-{fingerprint()[:20]}.json"
 
 
 def fingerprint() -> str:
@@ -33,7 +49,7 @@ def fingerprint() -> str:
     files = sorted(
         p
         for p in PACKAGE.rglob("*.py")
-        if p.relative_to(PACKAGE).parts[0] not in NOT_REGISTRY and p.name != "catalogue.py"
+        if p.relative_to(PACKAGE).parts[0] not in NOT_REGISTRY
     )
     for p in files:
         digest.update(p.relative_to(PACKAGE).as_posix().encode())
@@ -83,21 +99,30 @@ def live() -> list[dict[str, Any]]:
     return [describe(m) for m in registry.MECHANISMS]
 
 
-def snapshot() -> list[dict[str, Any]] | None:
-    """The snapshot's mechanisms, or None when it is missing or older than the sources."""
+def cached() -> list[dict[str, Any]] | None:
+    """The cached description of the registry, or None when there is none for these sources."""
     try:
-        data = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return json.loads(cache_file().read_text(encoding="utf-8"))["mechanisms"]
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return data["mechanisms"] if data.get("fingerprint") == fingerprint() else None
+
+
+def described() -> list[dict[str, Any]]:
+    """Every mechanism as :func:`describe` gives it: from the cache, else from the live registry
+    (then cached; a cache that cannot be written is skipped silently)."""
+    found = cached()
+    if found is None:
+        found = live()
+        with contextlib.suppress(OSError, AttnbenchError):
+            cache_file().parent.mkdir(parents=True, exist_ok=True)
+            write_text(cache_file(), json.dumps({"mechanisms": found}, ensure_ascii=False))
+    return found
 
 
 def entries(device_type: str) -> list[dict[str, Any]]:
     """Every mechanism as :func:`describe` gives it, each path with ``available`` and ``reason``
-    (why it cannot run on ``device_type``) added: from the snapshot when it is current."""
-    found = snapshot()
-    if found is None:
-        found = live()
+    (why it cannot run on ``device_type``) added."""
+    found = described()
     for entry in found:
         for path in entry["paths"]:
             path["reason"] = capabilities.reasons(path["requires"], device_type)
@@ -109,16 +134,3 @@ def entries(device_type: str) -> list[dict[str, Any]]:
                     path["package"] = distribution
                     path["package_version"] = capabilities.package_version(distribution)
     return found
-
-
-def write_snapshot(path: Path = SNAPSHOT) -> Path:
-    """Write the snapshot of the live registry (``python -m attnbench.catalogue``)."""
-    from attnbench.outputs import write_text
-
-    data = {"fingerprint": fingerprint(), "mechanisms": live()}
-    write_text(path, json.dumps(data, indent=1, ensure_ascii=False) + "\n")
-    return path
-
-
-if __name__ == "__main__":
-    print(f"wrote {write_snapshot()}")

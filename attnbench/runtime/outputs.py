@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 
 def ensure_dir(path: Path | str, what: str = "output folder", create: bool = True) -> Path:

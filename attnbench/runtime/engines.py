@@ -14,7 +14,7 @@ import os
 import signal
 import time
 
-from attnbench.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError
 
 EXECUTORS = ("local", "ray")
 FAULT_ENV = "ATTNBENCH_FAULT"

@@ -1,7 +1,7 @@
 """Drawing a mechanism's attention pattern: in the terminal (rich, one cell per pair) and as PNG.
 
 People pick sparse patterns by looking at them. The pattern is the boolean ``[n, n]`` matrix of
-:meth:`attnbench.spec.Mechanism.pattern_matrix` (True where query i attends key j), built row
+:meth:`attnbench.core.spec.Mechanism.pattern_matrix` (True where query i attends key j), built row
 block by row block from the mechanism's literal rule so that a PNG of a few thousand positions
 stays cheap. Library code: no typer here; matplotlib is imported only when a PNG is written.
 """
@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from rich.text import Text
 
-from attnbench.errors import AttnbenchError
-from attnbench.spec import Mechanism
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.spec import Mechanism
 
 #: Largest n drawn in the terminal (one character column per key; 2 per key when it fits).
 MAX_TERMINAL_N = 128

@@ -8,8 +8,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnbench.errors import AttnbenchError
-from attnbench.spec import Mechanism, PathSpec
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.spec import Mechanism, PathSpec
 
 
 class Rotary(nn.Module):

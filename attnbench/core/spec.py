@@ -22,8 +22,9 @@ from typing import Any, Literal
 
 import torch
 
-from attnbench.errors import AttnbenchError, unknown
-from attnbench.sources import Source
+from attnbench.core.capabilities import Requirement
+from attnbench.core.errors import AttnbenchError, unknown
+from attnbench.core.sources import Source
 
 PathKind = Literal["reference", "efficient", "fused"]
 PATH_KINDS: tuple[str, ...] = ("reference", "efficient", "fused")
@@ -172,14 +173,6 @@ class ExtraInput:
 
 
 @dataclass(frozen=True)
-class Requirement:
-    """Something a path needs from the machine; ``check`` returns None when met, else why not."""
-
-    name: str
-    check: Callable[[torch.device, bool], str | None]
-
-
-@dataclass(frozen=True)
 class PathSpec:
     """One way to compute a mechanism.
 
@@ -203,7 +196,7 @@ class PathSpec:
     backward: bool = True
     #: An approximate path (a quantised kernel) is judged by its own bound: its output's
     #: largest error against the float64 oracle, relative to the oracle's largest magnitude.
-    #: None: an exact path, judged by flash-attention's rule (:mod:`attnbench.testing`).
+    #: None: an exact path, judged by flash-attention's rule (:mod:`attnbench.core.testing`).
     tolerance: float | None = None
 
     def __call__(self, *args: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -278,7 +271,7 @@ class Mechanism:
     name: str
     family: str
     description: str
-    #: The works that define it (:mod:`attnbench.sources`), the primary one first.
+    #: The works that define it (:mod:`attnbench.core.sources`), the primary one first.
     sources: tuple[Source, ...]
     paths: tuple[PathSpec, ...]
     params: tuple[Param, ...] = ()
