@@ -18,11 +18,8 @@ from attnbench.core.spec import Mechanism, PathSpec, Shape
 
 def parse_impl(text: str) -> tuple[Mechanism, str | None]:
     """``NAME`` or ``NAME:PATH`` -> (mechanism, path name or None). Validates both names."""
-    name, _, path = text.partition(":")
-    mech = registry.get(name.strip())
-    if path:
-        mech.path(path.strip())
-    return mech, (path.strip() or None)
+    mech, path = registry.resolve(text)
+    return mech, (path.name if path else None)
 
 
 def check_tensors(mech: Mechanism, q: Tensor, k: Tensor, v: Tensor) -> None:

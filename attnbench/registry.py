@@ -6,8 +6,10 @@ record, then add one line to ``MECHANISMS`` below. Tests, ``list`` and the suite
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from attnbench.core.errors import unknown
-from attnbench.core.spec import Mechanism
+from attnbench.core.spec import Mechanism, PathSpec
 from attnbench.variants import (
     aft,
     flash_mixed,
@@ -80,6 +82,23 @@ def get(name: str | Mechanism) -> Mechanism:
         return _BY_NAME[name]
     except KeyError:
         raise unknown("mechanism", name, names()) from None
+
+
+def resolve(
+    text: str, mechanisms: Sequence[Mechanism] | None = None
+) -> tuple[Mechanism, PathSpec | None]:
+    """``NAME`` or ``NAME:PATH`` (the ``--impl`` form everywhere) -> (mechanism, path or None),
+    both names checked: against ``mechanisms`` when given (a suite's own list), else the
+    registry. An unknown name is an error that lists the known ones and suggests close names."""
+    name, _, path = text.partition(":")
+    name, path = name.strip(), path.strip()
+    if mechanisms is None:
+        mech = get(name)
+    else:
+        mech = next((m for m in mechanisms if name in (m.name, *m.aliases)), None)
+        if mech is None:
+            raise unknown("mechanism", name, [m.name for m in mechanisms])
+    return mech, (mech.path(path) if path else None)
 
 
 def families() -> list[str]:

@@ -190,7 +190,7 @@ def nvidia_smi() -> str:
 
 def pytest_step(ctx: Context, selection: str, marker: str = "gpu") -> int:
     cmd = [ctx.python, "-m", "pytest", "-o", "addopts=", "-m", marker, "-k", selection,
-           "-p", "no:cacheprovider", "-q", "-rfEs", "--tb=short", "tests/test_fused_gpu.py",
+           "-p", "no:cacheprovider", "-q", "-rfEs", "--tb=short", "tests/kernels/test_fused_gpu.py",
            f"--junitxml={ctx.out / 'junit.xml'}"]  # fmt: skip
     if ctx.dry:
         cmd.append("--collect-only")
@@ -498,12 +498,10 @@ def profile_main(out: Path, dry: bool) -> int:
     dtype = torch.float32 if dry else torch.bfloat16
     activities = [ProfilerActivity.CPU] + ([] if dry else [ProfilerActivity.CUDA])
     for item, n, causal, batch in PROFILED:
-        name, path_name = item.split(":")
-        mech = registry.get(name)
+        mech, fn = registry.resolve(item)
         if dry:  # a CPU path of the same mechanism
-            path_name = next(p.name for p in mech.paths if p.kind != "fused")
+            fn = next(p for p in mech.paths if p.kind != "fused")
             n = 256
-        fn = mech.path(path_name)
         why = fn.unavailable(device, backward=True)
         if why:
             print(f"{item}: not profiled ({why})")
@@ -540,7 +538,7 @@ def profile_main(out: Path, dry: bool) -> int:
                 except (AttributeError, KeyError, ValueError):
                     continue
             table = table or "(no sortable time column in this torch's profiler)\n"
-            tag = f"{name}-{path_name}-{'causal' if causal else 'bidir'}-n{n}-{direction}"
+            tag = f"{mech.name}-{fn.name}-{'causal' if causal else 'bidir'}-n{n}-{direction}"
             (out / f"{tag}.txt").write_text(
                 f"# {item} n={n} causal={causal} batch={batch} heads={shape.heads} "
                 f"head_dim={shape.head_dim} {dtype} {direction}: one call after 3 warm-ups\n"

@@ -42,11 +42,9 @@ def slowed(fn, factor: float):
 
 def inject(impl: str, factor: float) -> None:
     """Replace NAME:PATH in the registry (this process only) by a slower copy."""
-    name, _, path_name = impl.partition(":")
-    mech = registry.get(name)
+    mech, target = registry.resolve(impl)
     paths = tuple(
-        dataclasses.replace(p, fn=slowed(p.fn, factor)) if p.name == path_name else p
-        for p in mech.paths
+        dataclasses.replace(p, fn=slowed(p.fn, factor)) if p is target else p for p in mech.paths
     )
     slow = dataclasses.replace(mech, paths=paths)
     registry.MECHANISMS = tuple(slow if m is mech else m for m in registry.MECHANISMS)

@@ -1,9 +1,11 @@
-"""The speed suite's file format and its resolved form, :class:`SpeedSuite`.
+"""The speed suite's file read into its resolved form, :class:`SpeedSuite`.
 
-A suite file is TOML (documented in the README, section "Speed suite files"); the schemas below
-are the single list of accepted keys, their defaults and their meaning. Command-line options
-override the file through :func:`override`. Mechanisms are consumed through the registry only:
-a suite names mechanisms (or ``"*"``, all of them) and path kinds, never special cases.
+A suite file is TOML (documented in docs/speed.md, section "Speed suite files"); the dataclasses
+in :mod:`attnbench.bench.suite_keys` are the single list of accepted keys, their types, defaults
+and meaning. ``--set SECTION.FIELD=VALUE`` is merged over the file before it is read
+(:func:`load_suite`); the other command-line options apply after, through :func:`override`.
+Mechanisms are consumed through the registry only: a suite names mechanisms (or ``"*"``, all of
+them) and path kinds, never special cases.
 """
 
 from __future__ import annotations
@@ -16,215 +18,13 @@ from typing import Any
 import torch
 
 from attnbench import registry
-from attnbench.core.errors import AttnbenchError, unknown
+from attnbench.bench.suite_keys import DEVICES, DIRECTIONS, DTYPES, MAX_LENGTH, SuiteFile
+from attnbench.core.errors import AttnbenchError
 from attnbench.core.spec import PATH_KINDS, Mechanism, PathSpec
 from attnbench.measure import machine
-from attnbench.measure.timing import ORDERS, TimingPolicy
-from attnbench.runtime.tomlconfig import Key, SuiteText, find_suite, load, read_table
-
-DIRECTIONS = ("fwd", "fwdbwd")
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float64": torch.float64,
-    "fp64": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
-
-
-def _positive(x: Any) -> bool:
-    return x >= 1
-
-
-#: The longest sequence a sweep accepts: 2^31 - 1, the int32 index range of the kernels (and far
-#: beyond any machine's memory at any head dim); a longer one overflows tensor creation.
-MAX_LENGTH = 2**31 - 1
-
-
-def _positive_list(xs: Sequence[int]) -> bool:
-    return len(xs) > 0 and all(x >= 1 for x in xs)
-
-
-def _lengths_ok(xs: Sequence[int]) -> bool:
-    return _positive_list(xs) and all(x <= MAX_LENGTH for x in xs)
-
-
-TOP = {
-    "name": Key("str", "", "name written in every row's `suite` column (default: the file name)"),
-    "description": Key("str", "", "one line saying what the suite is for"),
-    "grid": Key("table", {}, "what is measured"),
-    "shape": Key("table", {}, "the tensor shape of each case"),
-    "limits": Key("table", {}, "lengths not to attempt"),
-    "timing": Key("table", {}, "warm-up, rounds, threads, calibration"),
-    "params": Key("table", {}, "parameter overrides: `[params.NAME]` then `key = value`"),
-}
-
-GRID = {
-    "mechanisms": Key(
-        "list[str]",
-        ["*"],
-        'mechanism names, `NAME:PATH` for one path, or `"*"` for every registered mechanism',
-        accepted='a non-empty list of names, NAME:PATH, or "*"',
-        valid=lambda xs: len(xs) > 0,
-    ),
-    "exclude": Key("list[str]", [], "names or `NAME:PATH` to leave out"),
-    "path_kinds": Key(
-        "list[str]",
-        list(PATH_KINDS),
-        "which kinds of path to run for a mechanism named without a path",
-        accepted=f"a non-empty list from {', '.join(PATH_KINDS)}",
-        valid=lambda xs: len(xs) > 0 and set(xs) <= set(PATH_KINDS),
-    ),
-    "device": Key(
-        "str",
-        "auto",
-        "`auto` (CUDA when visible, else CPU), `cpu` or `cuda`",
-        accepted=", ".join(DEVICES),
-        valid=lambda x: x in DEVICES,
-    ),
-    "dtypes": Key(
-        "list[str]",
-        ["float32"],
-        "float32, float64, bfloat16, float16",
-        accepted="a non-empty list from float32, float64, bfloat16, float16",
-        valid=lambda xs: len(xs) > 0 and all(x in DTYPES for x in xs),
-    ),
-    "directions": Key(
-        "list[str]",
-        list(DIRECTIONS),
-        "`fwd` (forward, no grad) and/or `fwdbwd` (forward + backward)",
-        accepted="a non-empty list from fwd, fwdbwd",
-        valid=lambda xs: len(xs) > 0 and set(xs) <= set(DIRECTIONS),
-    ),
-    "causal": Key(
-        "list[bool]",
-        [False, True],
-        "`false` (bidirectional) and/or `true` (causal)",
-        accepted="a non-empty list of true/false",
-        valid=lambda xs: len(xs) > 0,
-    ),
-    "lengths": Key(
-        "list[int]",
-        [256, 1024],
-        "sequence lengths n, measured in increasing order",
-        accepted=f"a non-empty list of integers from 1 to {MAX_LENGTH}",
-        valid=_lengths_ok,
-    ),
-    "reference": Key(
-        "str",
-        "softmax:efficient",
-        'the `NAME:PATH` every time is divided by, measured in the same rounds; `""` for none',
-    ),
-}
-
-SHAPE = {
-    "batch": Key("int", 1, "batch size B", accepted="an integer >= 1", valid=_positive),
-    "tokens": Key(
-        "int",
-        0,
-        "if > 0: B = max(1, tokens // n) instead of `batch` (flash-attention's 16k-token sweep)",
-        accepted="an integer >= 0",
-        valid=lambda x: x >= 0,
-    ),
-    "heads": Key("int", 4, "query heads H", accepted="an integer >= 1", valid=_positive),
-    "hidden": Key(
-        "int",
-        0,
-        "if > 0: H = hidden // head_dim instead of `heads` (must divide)",
-        accepted="an integer >= 0",
-        valid=lambda x: x >= 0,
-    ),
-    "head_dims": Key(
-        "list[int]",
-        [64],
-        "head dimensions D (= Dv)",
-        accepted="a non-empty list of integers >= 1",
-        valid=_positive_list,
-    ),
-}
-
-LIMITS = {
-    "max_len": Key(
-        "table[int]",
-        {},
-        "longest n per path kind, e.g. `{ reference = 1024 }` (dense n x n oracles); "
-        "an explicit `--lengths` lifts these",
-        accepted="a table from path kinds (reference, efficient, fused) to integers >= 1",
-        valid=lambda t: set(t) <= set(PATH_KINDS) and all(v >= 1 for v in t.values()),
-    ),
-    "max_call_s": Key(
-        "float",
-        0.0,
-        "when one call of a case takes longer than this (seconds), or the next length's call "
-        "is predicted to (time x (n'/n)^2), its longer lengths are skipped with a row saying "
-        "so; 0: no limit",
-        accepted="a number >= 0",
-        valid=lambda x: x >= 0,
-    ),
-}
-
-TIMING = {
-    "threads": Key(
-        "int",
-        0,
-        "torch CPU threads, fixed for the run and recorded; 0: one per logical core",
-        accepted="an integer >= 0",
-        valid=lambda x: x >= 0,
-    ),
-    "warmup_calls": Key(
-        "int", 2, "untimed calls at least (the first compiles/autotunes)", valid=_positive
-    ),
-    "warmup_s": Key(
-        "float", 0.05, "and untimed seconds at least", valid=lambda x: x >= 0, accepted=">= 0"
-    ),
-    "rounds": Key("int", 5, "timed rounds at most (one sample per case a round)", valid=_positive),
-    "min_rounds": Key("int", 3, "timed rounds at least", valid=_positive),
-    "block_s": Key(
-        "float",
-        0.005,
-        "a sample averages enough calls to last this long",
-        valid=lambda x: x >= 0,
-        accepted=">= 0",
-    ),
-    "group_budget_s": Key(
-        "float",
-        4.0,
-        "timed rounds stop once one length's group has taken this long (seconds; after "
-        "min_rounds, before rounds)",
-        valid=lambda x: x > 0,
-        accepted="> 0",
-    ),
-    "matmul_size": Key(
-        "int", 2048, "size of the square matmul timed for the roofline", valid=_positive
-    ),
-    "retain_memory": Key(
-        "bool",
-        False,
-        "keep freed memory in the process (glibc), so no call pays the kernel for fresh pages: "
-        "steadier CPU times for paths that allocate big temporaries (the CI grid uses it)",
-    ),
-    "order": Key(
-        "str",
-        "rotate",
-        "the order of each timed round: `rotate` (the matmul and the cases, one place further "
-        "on each round, so none keeps a position), `fixed`, `reversed` or `shuffle` (seeded); "
-        "for checking that a ratio does not depend on the order",
-        accepted=", ".join(ORDERS),
-        valid=lambda x: x in ORDERS,
-    ),
-    "clock": Key(
-        "str",
-        "wall",
-        "`wall` (elapsed time; CUDA events on a GPU) or `cpu` (CPU time of the process: immune "
-        "to being descheduled on a busy machine; CPU device only)",
-        accepted="wall, cpu",
-        valid=lambda x: x in ("wall", "cpu"),
-    ),
-}
+from attnbench.measure.timing import TimingPolicy
+from attnbench.runtime.schema import read_section
+from attnbench.runtime.tomlconfig import Setting, SuiteText, find_suite, load
 
 
 @dataclass(frozen=True)
@@ -327,93 +127,87 @@ def portable_path(file: str) -> str:
     return path.name
 
 
-def load_suite(name: str, mechanisms: Sequence[Mechanism] | None = None) -> SpeedSuite:
-    """Find, parse and validate a speed suite file (``speed``, ``ci``, or a path)."""
-    text = load(find_suite(name))
+def load_suite(
+    name: str, mechanisms: Sequence[Mechanism] | None = None, settings: Sequence[Setting] = ()
+) -> SpeedSuite:
+    """Find, parse and validate a speed suite file (``speed``, ``ci``, or a path), with
+    ``settings`` (``--set SECTION.FIELD=VALUE``) merged over its data before it is checked."""
+    text = load(find_suite(name)).with_settings(settings)
     return parse_suite(text, mechanisms)
 
 
 def parse_suite(text: SuiteText, mechanisms: Sequence[Mechanism] | None = None) -> SpeedSuite:
-    top = read_table(text, text.data, TOP, ())
-    grid = read_table(text, top["grid"], GRID, ("grid",))
-    shape = read_table(text, top["shape"], SHAPE, ("shape",))
-    limits = read_table(text, top["limits"], LIMITS, ("limits",))
-    timing = read_table(text, top["timing"], TIMING, ("timing",))
-    params = top["params"]
+    """A suite file's text, validated key by key into :class:`SuiteFile` (each error names its
+    line, or the option that set it), then as a whole: the parameter tables against their
+    mechanisms and every mechanism name against the registry."""
+    file = read_section(text, text.data, SuiteFile)
+    grid, shape, limits, timing = file.grid, file.shape, file.limits, file.timing
     mechs = list(mechanisms if mechanisms is not None else registry.MECHANISMS)
-    for name, table in params.items():
-        if not isinstance(table, dict):
-            raise text.error(
-                ("params", name),
-                f"[params] {name} must be a table of parameters, e.g. [params.{name}]",
-            )
-        try:
-            _lookup(name, mechs).resolve(table)
-        except AttnbenchError as e:
-            raise text.error(("params", name), f"[params.{name}] {e}") from None
-    if timing["min_rounds"] > timing["rounds"]:
-        raise text.error(
-            ("timing", "min_rounds"),
-            f"[timing] min_rounds = {timing['min_rounds']} exceeds rounds = {timing['rounds']}; "
-            "accepted: min_rounds <= rounds",
-        )
-    for head_dim in shape["head_dims"]:
-        if shape["hidden"] and shape["hidden"] % head_dim:
-            raise text.error(
-                ("shape", "hidden"),
-                f"[shape] hidden = {shape['hidden']} is not divisible by head_dim {head_dim}; "
-                "accepted: a multiple of every head_dim",
-            )
+    _check_params(text, file.params, mechs)
     suite = SpeedSuite(
-        name=top["name"] or text.path.stem,
-        description=top["description"],
+        name=file.name or text.path.stem,
+        description=file.description,
         file=str(text.path),
         sha256=text.sha256,
-        mechanisms=tuple(grid["mechanisms"]),
-        exclude=tuple(grid["exclude"]),
-        path_kinds=tuple(grid["path_kinds"]),
-        device=grid["device"],
-        dtypes=tuple(grid["dtypes"]),
-        directions=tuple(dict.fromkeys(grid["directions"])),
-        causal=tuple(dict.fromkeys(grid["causal"])),
-        lengths=tuple(sorted(set(grid["lengths"]))),
-        reference=grid["reference"],
-        batch=shape["batch"],
-        tokens=shape["tokens"],
-        heads=shape["heads"],
-        hidden=shape["hidden"],
-        head_dims=tuple(shape["head_dims"]),
-        max_len=dict(limits["max_len"]),
-        max_call_s=limits["max_call_s"],
-        threads=timing["threads"],
+        mechanisms=grid.mechanisms,
+        exclude=grid.exclude,
+        path_kinds=grid.path_kinds,
+        device=grid.device,
+        dtypes=grid.dtypes,
+        directions=tuple(dict.fromkeys(grid.directions)),
+        causal=tuple(dict.fromkeys(grid.causal)),
+        lengths=tuple(sorted(set(grid.lengths))),
+        reference=grid.reference,
+        batch=shape.batch,
+        tokens=shape.tokens,
+        heads=shape.heads,
+        hidden=shape.hidden,
+        head_dims=shape.head_dims,
+        max_len=dict(limits.max_len),
+        max_call_s=limits.max_call_s,
+        threads=timing.threads,
         timing=TimingPolicy(
-            warmup_calls=timing["warmup_calls"],
-            warmup_s=timing["warmup_s"],
-            rounds=timing["rounds"],
-            min_rounds=timing["min_rounds"],
-            block_s=timing["block_s"],
-            group_budget_s=timing["group_budget_s"],
-            clock=timing["clock"],
-            retain_memory=timing["retain_memory"],
-            order=timing["order"],
+            warmup_calls=timing.warmup_calls,
+            warmup_s=timing.warmup_s,
+            rounds=timing.rounds,
+            min_rounds=timing.min_rounds,
+            block_s=timing.block_s,
+            group_budget_s=timing.group_budget_s,
+            clock=timing.clock,
+            retain_memory=timing.retain_memory,
+            order=timing.order,
         ),
-        matmul_size=timing["matmul_size"],
-        params={k: dict(v) for k, v in params.items()},
+        matmul_size=timing.matmul_size,
+        params={k: dict(v) for k, v in file.params.items()},
     )
+    _check_names(text, suite, mechs)
+    return suite
+
+
+def _check_params(text: SuiteText, params: Mapping[str, Any], mechs: Sequence[Mechanism]) -> None:
+    """Every ``[params.NAME]`` table names a mechanism and holds values it accepts."""
+    for name, table in params.items():
+        try:
+            registry.resolve(name, mechs)[0].resolve(table)
+        except AttnbenchError as e:
+            raise text.error(("params", name), f"[params.{name}] {e}") from None
+
+
+def _check_names(text: SuiteText, suite: SpeedSuite, mechs: Sequence[Mechanism]) -> None:
+    """Every mechanism (and path) the grid names, excludes or takes as reference exists."""
     for key, items in (("mechanisms", suite.mechanisms), ("exclude", suite.exclude)):
         for item in items:
             if item == "*":
                 continue
             try:
-                _parse_item(item, mechs)
+                registry.resolve(item, mechs)
             except AttnbenchError as e:
                 raise text.error(("grid", key), f"[grid] {key}: {e}") from None
     if suite.reference:
         try:
-            _parse_item(suite.reference, mechs)
+            registry.resolve(suite.reference, mechs)
         except AttnbenchError as e:
             raise text.error(("grid", "reference"), f"[grid] reference: {e}") from None
-    return suite
 
 
 # --------------------------------------------------------------------------------------------
@@ -459,7 +253,7 @@ def override(
     changes: dict[str, Any] = {}
     if impls:
         for item in impls:
-            _parse_item(item, mechs)
+            registry.resolve(item, mechs)
         changes["mechanisms"] = tuple(dict.fromkeys(impls))
         changes["exclude"] = ()
     if lengths is not None:
@@ -493,7 +287,7 @@ def override(
     if reference is not None:
         ref = "" if reference.lower() == "none" else reference
         if ref:
-            _parse_item(ref, mechs)
+            registry.resolve(ref, mechs)
         changes["reference"] = ref
     if params:
         changes["common_params"] = dict(params)
@@ -524,20 +318,6 @@ def resolve_device(name: str) -> torch.device:
 # --------------------------------------------------------------------------------------------
 
 
-def _lookup(name: str, mechs: Sequence[Mechanism]) -> Mechanism:
-    for m in mechs:
-        if name == m.name or name in m.aliases:
-            return m
-    raise unknown("mechanism", name, [m.name for m in mechs])
-
-
-def _parse_item(item: str, mechs: Sequence[Mechanism]) -> tuple[Mechanism, PathSpec | None]:
-    """``NAME`` or ``NAME:PATH`` -> (mechanism, path or None), validated against ``mechs``."""
-    name, _, path = item.partition(":")
-    mech = _lookup(name.strip(), mechs)
-    return mech, (mech.path(path.strip()) if path.strip() else None)
-
-
 def select(
     suite: SpeedSuite, mechanisms: Sequence[Mechanism] | None = None
 ) -> list[tuple[Mechanism, PathSpec]]:
@@ -556,13 +336,13 @@ def select(
             for mech in mechs:
                 add(mech, None)
         else:
-            add(*_parse_item(item, mechs))
+            add(*registry.resolve(item, mechs))
     for item in suite.exclude:
-        mech, path = _parse_item(item, mechs)
+        mech, path = registry.resolve(item, mechs)
         for key in [k for k in chosen if k[0] == mech.name and (path is None or k[1] == path.name)]:
             del chosen[key]
     if suite.reference:
-        mech, path = _parse_item(suite.reference, mechs)
+        mech, path = registry.resolve(suite.reference, mechs)
         path = path or mech.default_path
         chosen.setdefault((mech.name, path.name), (mech, path))
     return list(chosen.values())
@@ -574,7 +354,7 @@ def reference_pair(
     """(mechanism name, path name) of the suite's reference, or None."""
     if not suite.reference:
         return None
-    mech, path = _parse_item(suite.reference, list(mechanisms or registry.MECHANISMS))
+    mech, path = registry.resolve(suite.reference, list(mechanisms or registry.MECHANISMS))
     return mech.name, (path or mech.default_path).name
 
 

@@ -17,12 +17,22 @@ from typing import Any
 
 import pandas as pd
 
+from attnbench.bench.complexity import fit_exponents
+from attnbench.bench.results import (
+    COLUMNS,
+    SAMPLES_NAME,
+    ResultsWriter,
+    plain,
+    read_results,
+    read_samples_file,
+    row_key,
+)
+from attnbench.bench.summary import COMPLEXITY_NAME, CSV_NAME, SIDECAR_NAME, SpeedRun
 from attnbench.bench.units import (
     PLAN_KIND,
     PLAN_NAME,
     UNITS_DIR,
     Unit,
-    private_name,
     read_plan,
     read_record,
     row_order,
@@ -30,6 +40,7 @@ from attnbench.bench.units import (
     write_plan,
 )
 from attnbench.core.errors import AttnbenchError
+from attnbench.runtime.outputs import atomic_path, write_text
 
 EXTRAPOLATE_HINT = (
     "extrapolation runs are not merged: their shards share one --checkpoints folder, and "
@@ -98,24 +109,8 @@ def _check_mixed(taken: dict[str, tuple[Path, dict]], allow_mixed: bool) -> list
 
 
 def merge_runs(folders: Sequence[Path], out: Path, *, allow_mixed: bool = False,
-               command: str = "attnbench merge"):  # fmt: skip
-    """Merge ``folders`` into ``out``; returns a :class:`~attnbench.bench.run.SpeedRun`."""
-    from attnbench.bench.complexity import fit_exponents
-    from attnbench.bench.results import (
-        COLUMNS,
-        SAMPLES_NAME,
-        ResultsWriter,
-        plain,
-        read_results,
-        row_key,
-    )
-    from attnbench.bench.run import (
-        COMPLEXITY_NAME,
-        CSV_NAME,
-        SIDECAR_NAME,
-        SpeedRun,
-    )
-
+               command: str = "attnbench merge") -> SpeedRun:  # fmt: skip
+    """Merge ``folders`` into ``out``; returns a :class:`~attnbench.bench.summary.SpeedRun`."""
     if not folders:
         raise AttnbenchError("merge: name at least one folder")
     folders = [Path(f) for f in folders]
@@ -123,75 +118,9 @@ def merge_runs(folders: Sequence[Path], out: Path, *, allow_mixed: bool = False,
     units = [Unit.from_plain(u) for u in doc["units"]]
     taken = _best_records(folders, units)
     mixed = _check_mixed(taken, allow_mixed)
-
-    rows: list[tuple[int, dict[str, Any]]] = []
-    samples: list[tuple[int, str]] = []
-    base_sidecar: dict[str, Any] | None = None
-    unit_summaries = []
-    for unit in units:
-        stubs = {row_key(c): c for c in unit.cases}
-        folder, rec = taken.get(unit.id, (None, None))
-        if rec is not None and rec.get("status") == "ok":
-            found = read_results(folder / CSV_NAME)
-            for r in found.to_dict("records"):
-                row = {c: plain(r.get(c)) for c in COLUMNS}
-                stub = stubs.get(row_key(row))
-                if stub is None:
-                    raise AttnbenchError(f"merge: {folder / CSV_NAME} holds a row that is not in "
-                                         f"the plan ({row_key(row)})")  # fmt: skip
-                rows.append((row_order(stub, row["status"]), row))
-            for key, line in _sample_lines(folder / SAMPLES_NAME):
-                if key in stubs:
-                    samples.append((row_order(stubs[key], "ok"), line))
-            if base_sidecar is None and (folder / SIDECAR_NAME).is_file():
-                try:
-                    base_sidecar = json.loads((folder / SIDECAR_NAME).read_text("utf-8"))
-                except ValueError as e:
-                    raise AttnbenchError(
-                        f"merge: {folder / SIDECAR_NAME}: not readable JSON ({e}); run that "
-                        "unit again (--resume)"
-                    ) from None
-        else:
-            why = (f"unit {unit.id} failed after {rec.get('attempts', '?')} attempts: "
-                   f"{rec.get('reason') or 'no reason recorded'}" if rec is not None
-                   else f"unit {unit.id} was not run (no folder holds it)")  # fmt: skip
-            for c in unit.cases:
-                row = {col: None for col in COLUMNS}
-                row.update({k: v for k, v in c.items() if k in COLUMNS})
-                row.update(status="error", reason=why)
-                rows.append((row_order(c, "error"), row))
-        unit_summaries.append(
-            {"unit": unit.id, "status": rec.get("status") if rec else "missing",
-             "folder": str(folder) if folder else None,
-             **({k: rec.get(k) for k in ("host", "device_name", "torch_version", "exit_code",
-                                         "attempts", "reason", "wall_s", "finished")}
-                if rec else {})}
-        )  # fmt: skip
-    rows.sort(key=lambda x: x[0])
-    samples.sort(key=lambda x: x[0])
-    ordered = [r for _, r in rows]
-
-    out.mkdir(parents=True, exist_ok=True)
-    if out.resolve() not in {f.resolve() for f in folders}:
-        write_plan(out, doc)  # a merged folder can be merged again, or resumed into
-    csv_path = out / CSV_NAME
-    # temporary names of this process: two shards finishing together may both merge
-    tmp = out / private_name(CSV_NAME)
-    writer = ResultsWriter(tmp)
-    for row in ordered:
-        writer.write(row)
-    writer.close()
-    tmp.replace(csv_path)
-    stmp = out / private_name(SAMPLES_NAME)
-    stmp.write_text("".join(line + "\n" for _, line in samples), encoding="utf-8")
-    stmp.replace(out / SAMPLES_NAME)
-    df = pd.DataFrame(ordered, columns=list(COLUMNS))
-    exponents = fit_exponents(df)
-    ctmp = out / private_name(COMPLEXITY_NAME)
-    exponents.to_csv(ctmp, index=False, float_format="%.4g")
-    ctmp.replace(out / COMPLEXITY_NAME)
+    ordered, samples, base_sidecar, unit_summaries = _gather(units, taken)
+    df, exponents = _write_rows(out, folders, doc, ordered, samples)
     calibration = _calibration(df, doc)
-    counts = {s: int(n) for s, n in df["status"].value_counts(sort=False).items()}
     wall = sum(float(u.get("wall_s") or 0) for u in unit_summaries)
     sidecar = dict(base_sidecar or {"kind": "attnbench-speed", "suite": doc["suite"]})
     sidecar.update(
@@ -203,7 +132,7 @@ def merge_runs(folders: Sequence[Path], out: Path, *, allow_mixed: bool = False,
             "missing_or_failed": [u["unit"] for u in unit_summaries if u["status"] != "ok"],
         },
         calibration=calibration,
-        counts=counts,
+        counts={s: int(n) for s, n in df["status"].value_counts(sort=False).items()},
         noisy_rows=int(df["noisy"].fillna(False).astype(bool).sum()) if len(df) else 0,
         not_run=[],
         interrupted=False,
@@ -217,7 +146,7 @@ def merge_runs(folders: Sequence[Path], out: Path, *, allow_mixed: bool = False,
     write_json_atomic(out / SIDECAR_NAME, sidecar)
     return SpeedRun(
         out_dir=out,
-        csv=csv_path,
+        csv=out / CSV_NAME,
         sidecar=out / SIDECAR_NAME,
         complexity=out / COMPLEXITY_NAME,
         rows=ordered,
@@ -229,10 +158,114 @@ def merge_runs(folders: Sequence[Path], out: Path, *, allow_mixed: bool = False,
     )
 
 
+def _gather(
+    units: list[Unit], taken: dict[str, tuple[Path, dict]]
+) -> tuple[list[dict[str, Any]], list[str], dict[str, Any] | None, list[dict[str, Any]]]:
+    """Every unit's rows and sample lines, each in plan order; the sidecar of the first
+    finished unit (the merged one starts from it); and a summary of every unit."""
+    rows: list[tuple[int, dict[str, Any]]] = []
+    samples: list[tuple[int, str]] = []
+    base_sidecar: dict[str, Any] | None = None
+    unit_summaries = []
+    for unit in units:
+        folder, rec = taken.get(unit.id, (None, None))
+        if rec is not None and rec.get("status") == "ok":
+            unit_rows, unit_samples = _finished_unit(unit, folder)
+            rows += unit_rows
+            samples += unit_samples
+            if base_sidecar is None:
+                base_sidecar = _read_sidecar(folder)
+        else:
+            rows += _failed_unit(unit, rec)
+        unit_summaries.append(
+            {"unit": unit.id, "status": rec.get("status") if rec else "missing",
+             "folder": str(folder) if folder else None,
+             **({k: rec.get(k) for k in ("host", "device_name", "torch_version", "exit_code",
+                                         "attempts", "reason", "wall_s", "finished")}
+                if rec else {})}
+        )  # fmt: skip
+    rows.sort(key=lambda x: x[0])
+    samples.sort(key=lambda x: x[0])
+    return [r for _, r in rows], [line for _, line in samples], base_sidecar, unit_summaries
+
+
+def _finished_unit(
+    unit: Unit, folder: Path
+) -> tuple[list[tuple[int, dict[str, Any]]], list[tuple[int, str]]]:
+    """A finished unit's rows and sample lines, each with its place in the plan; a row that is
+    not one of the unit's cases is refused."""
+    stubs = {row_key(c): c for c in unit.cases}
+    rows, samples = [], []
+    found = read_results(folder / CSV_NAME)
+    for r in found.to_dict("records"):
+        row = {c: plain(r.get(c)) for c in COLUMNS}
+        stub = stubs.get(row_key(row))
+        if stub is None:
+            raise AttnbenchError(f"merge: {folder / CSV_NAME} holds a row that is not in "
+                                 f"the plan ({row_key(row)})")  # fmt: skip
+        rows.append((row_order(stub, row["status"]), row))
+    for key, line in _sample_lines(folder / SAMPLES_NAME):
+        if key in stubs:
+            samples.append((row_order(stubs[key], "ok"), line))
+    return rows, samples
+
+
+def _read_sidecar(folder: Path) -> dict[str, Any] | None:
+    """A finished unit's ``results.json`` (None when it has none)."""
+    if not (folder / SIDECAR_NAME).is_file():
+        return None
+    try:
+        return json.loads((folder / SIDECAR_NAME).read_text("utf-8"))
+    except ValueError as e:
+        raise AttnbenchError(
+            f"merge: {folder / SIDECAR_NAME}: not readable JSON ({e}); run that "
+            "unit again (--resume)"
+        ) from None
+
+
+def _failed_unit(unit: Unit, rec: dict[str, Any] | None) -> list[tuple[int, dict[str, Any]]]:
+    """An ``error`` row for every case of a unit that failed or that no folder holds, naming
+    why."""
+    why = (f"unit {unit.id} failed after {rec.get('attempts', '?')} attempts: "
+           f"{rec.get('reason') or 'no reason recorded'}" if rec is not None
+           else f"unit {unit.id} was not run (no folder holds it)")  # fmt: skip
+    rows = []
+    for c in unit.cases:
+        row = {col: None for col in COLUMNS}
+        row.update({k: v for k, v in c.items() if k in COLUMNS})
+        row.update(status="error", reason=why)
+        rows.append((row_order(c, "error"), row))
+    return rows
+
+
+def _write_rows(
+    out: Path,
+    folders: list[Path],
+    doc: dict[str, Any],
+    ordered: list[dict[str, Any]],
+    samples: list[str],
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``results.csv``, ``samples.jsonl`` and the re-fitted ``complexity.csv`` in ``out`` (and
+    the plan, when ``out`` is none of the folders); returns the rows and their exponents."""
+    out.mkdir(parents=True, exist_ok=True)
+    if out.resolve() not in {f.resolve() for f in folders}:
+        write_plan(out, doc)  # a merged folder can be merged again, or resumed into
+    # private temporary names (atomic_path): two shards finishing together may both merge
+    with atomic_path(out / CSV_NAME) as tmp:
+        writer = ResultsWriter(tmp)
+        for row in ordered:
+            writer.write(row)
+        writer.close()
+    write_text(out / SAMPLES_NAME, "".join(line + "\n" for line in samples))
+    df = pd.DataFrame(ordered, columns=list(COLUMNS))
+    exponents = fit_exponents(df)
+    with atomic_path(out / COMPLEXITY_NAME) as tmp:
+        exponents.to_csv(tmp, index=False, float_format="%.4g")
+    return df, exponents
+
+
 def _sample_lines(path: Path) -> list[tuple[tuple[str, ...], str]]:
     """A unit's samples file as (case key, line), read with the samples reader's checks."""
-    from attnbench.bench.results import read_samples_file, row_key
-
     if not path.is_file():
         return []
     read_samples_file(path)  # refuses a malformed file with its line number

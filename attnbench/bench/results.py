@@ -23,7 +23,6 @@ import io
 import json
 import math
 import os
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.core.errors import AttnbenchError
+from attnbench.runtime import logs
 
 #: Every column, in order. A CSV whose header differs is not read (schema mismatch).
 COLUMNS: tuple[str, ...] = (
@@ -234,10 +234,6 @@ def read_sidecar(csv_path: Path) -> dict[str, Any] | None:
         raise AttnbenchError(f"{side}: not a readable JSON sidecar ({e})") from None
 
 
-def warn_on_stderr(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
-
-
 def _without_incomplete_last_row(path: Path, text: str, warn: Warn) -> str:
     """``text`` less a last row that a killed run left half-written: unterminated, or with
     another number of fields than the header."""
@@ -258,7 +254,7 @@ def _without_incomplete_last_row(path: Path, text: str, warn: Warn) -> str:
     return text[:cut]
 
 
-def read_results(path: Path | str, warn: Warn = warn_on_stderr) -> pd.DataFrame:
+def read_results(path: Path | str, warn: Warn = logs.warn) -> pd.DataFrame:
     """A results CSV as a DataFrame with typed columns; one-line errors for anything else.
     A half-written last row is dropped, and ``warn`` told."""
     path = Path(path)
@@ -385,7 +381,7 @@ def _case_samples(record: Any) -> tuple[tuple[str, ...], CaseSamples]:
 
 
 def read_samples(
-    csv_path: Path, warn: Warn = warn_on_stderr
+    csv_path: Path, warn: Warn = logs.warn
 ) -> dict[tuple[str, ...], CaseSamples] | None:
     """The per-round samples of a results CSV by case key (:func:`row_key`); None when it has
     no samples file (older results, the committed baselines). A half-written last line is
@@ -396,9 +392,7 @@ def read_samples(
     return read_samples_file(path, warn)
 
 
-def read_samples_file(
-    path: Path, warn: Warn = warn_on_stderr
-) -> dict[tuple[str, ...], CaseSamples]:
+def read_samples_file(path: Path, warn: Warn = logs.warn) -> dict[tuple[str, ...], CaseSamples]:
     """The per-round samples in a samples file (``samples.jsonl``) by case key."""
     try:
         text = path.read_text(encoding="utf-8")

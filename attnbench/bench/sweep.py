@@ -18,9 +18,7 @@ Fault injection for the tests: :mod:`attnbench.runtime.engines`.
 
 from __future__ import annotations
 
-import contextlib
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -55,6 +53,8 @@ from attnbench.runtime.engines import (
     ray_session,
     require_ray,
 )
+from attnbench.runtime.processes import WorkerProcess
+from attnbench.runtime.ray_tasks import error_reason, tasks_with_one_retry
 
 
 @dataclass
@@ -135,61 +135,20 @@ def run_unit(suite, index: int, unit_id: str, out: Path, attempt: int,
     return rec
 
 
-def _worker_main(conn, suite, out: Path) -> None:
-    """A local worker process: run the units it is sent until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides what Ctrl-C stops
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            return
-        index, unit_id, attempt = msg
-        try:
-            rec = run_unit(suite, index, unit_id, out, attempt)
-        except Exception as e:  # a bug or bad state: the unit fails, the sweep goes on
-            from attnbench.bench.run import one_line
+def _run_unit_job(job: tuple[int, str, int], suite, out: Path) -> dict[str, Any]:
+    """A worker process's job: one unit. An error fails the unit, and the sweep goes on."""
+    index, unit_id, attempt = job
+    try:
+        return run_unit(suite, index, unit_id, out, attempt)
+    except Exception as e:  # a bug or bad state: the unit fails (in a fresh process next)
+        from attnbench.bench.failures import one_line
 
-            rec = {"status": "failed", "reason": one_line(e), "exit_code": 1, "restart": True}
-        conn.send(rec)
+        return {"status": "failed", "reason": one_line(e), "exit_code": 1, "restart": True}
 
 
-class WorkerDied(Exception):
-    def __init__(self, exit_code: int | None):
-        super().__init__(exit_code)
-        self.exit_code = exit_code
-
-
-class LocalWorker:
-    """One spawned worker process that runs units sent to it; its death is noticed."""
-
-    def __init__(self, suite, out: Path):
-        import multiprocessing
-
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, suite, out), daemon=True)
-        self.proc.start()
-        child.close()
-
-    def run(self, unit: Unit, attempt: int) -> dict[str, Any]:
-        self.conn.send((unit.index, unit.id, attempt))
-        while True:
-            if self.conn.poll(0.2):
-                try:
-                    return self.conn.recv()
-                except EOFError:
-                    pass
-            if not self.proc.is_alive():
-                self.proc.join()
-                raise WorkerDied(self.proc.exitcode)
-
-    def stop(self, kill: bool = False) -> None:
-        if self.proc.is_alive() and not kill:
-            with contextlib.suppress(OSError):
-                self.conn.send(None)
-            self.proc.join(timeout=10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join()
+def _local_worker(suite, out: Path) -> WorkerProcess:
+    """One spawned process that runs units one after another; the driver decides Ctrl-C."""
+    return WorkerProcess(_run_unit_job, (suite, out), ignore_sigint=True, report=Exception)
 
 
 def _failed_record(unit: Unit, attempts: int, exit_code: int | None, reason: str) -> dict:
@@ -286,12 +245,13 @@ def _run_locally(suite, out: Path, todo: Sequence[Unit], outcome: SweepOutcome, 
         for n, unit in enumerate(todo):
             rec: dict[str, Any] = {}
             for attempt in (1, 2):
-                worker = worker or LocalWorker(suite, out)
-                try:
-                    rec = worker.run(unit, attempt)
-                except WorkerDied as e:
+                worker = worker or _local_worker(suite, out)
+                kind, value = worker.run((unit.index, unit.id, attempt))
+                if kind == "died":
                     worker = None
-                    rec = _failed_record(unit, attempt, e.exit_code, died_reason(e.exit_code))
+                    rec = _failed_record(unit, attempt, value, died_reason(value))
+                else:
+                    rec = value
                 if rec["status"] == "ok":
                     break
                 if worker is not None:  # a fresh process for the retry, and after a failure
@@ -337,43 +297,36 @@ def _ray_resources(suite) -> dict[str, float]:
 
 def _run_on_ray(ray, suite, out: Path, todo, outcome: SweepOutcome, log) -> None:
     resources = _ray_resources(suite)
-    first = ray.remote(max_retries=0, **resources)(_ray_unit)
-    # a retry always starts a fresh worker process (max_calls=1: the process ends after it)
-    again = ray.remote(max_retries=0, max_calls=1, **resources)(_ray_unit)
     check_fits(ray, resources)
-    by_ref = {first.remote(suite, u.index, u.id, 1): (u, 1) for u in todo}
-    try:
-        while by_ref:
-            ready, _ = ray.wait(list(by_ref), num_returns=1)
-            unit, attempt = by_ref.pop(ready[0])
-            try:
-                rec, files = ray.get(ready[0])
-            except Exception as e:  # the worker died (WorkerCrashedError) or raised
-                rec, files = _failed_record(unit, attempt, None, _ray_error(e)), {}
-            if rec["status"] != "ok" and attempt == 1:
-                log(f"{unit.id}: {rec.get('reason')}; retrying once in a fresh process")
-                by_ref[again.remote(suite, unit.index, unit.id, 2)] = (unit, 2)
-                continue
-            if rec["status"] == "ok":
-                staging = staging_dir(out, unit)
-                staging.mkdir(parents=True, exist_ok=True)
-                for name, text in files.items():
-                    (staging / name).write_text(text, encoding="utf-8")
-                publish(staging, unit_dir(out, unit))
-            else:
-                _keep_failure(out, unit, rec)
-            outcome.records[unit.id] = rec
-            log(_progress(outcome, len(todo), len(by_ref), unit, rec))
-    except KeyboardInterrupt:
-        for ref in by_ref:
-            ray.cancel(ref, force=True)
-        raise
+    ends = tasks_with_one_retry(
+        ray,
+        _ray_unit,
+        todo,
+        lambda unit, attempt: (suite, unit.index, unit.id, attempt),
+        resources,
+        failed=lambda result: None if result[0]["status"] == "ok" else result[0].get("reason"),
+        on_retry=lambda unit, why: log(f"{unit.id}: {why}; retrying once in a fresh process"),
+    )
+    for end in ends:
+        unit = end.job
+        if end.error is not None:
+            rec, files = _failed_record(unit, end.attempt, None, _ray_error(end.error)), {}
+        else:
+            rec, files = end.result
+        if rec["status"] == "ok":
+            staging = staging_dir(out, unit)
+            staging.mkdir(parents=True, exist_ok=True)
+            for name, text in files.items():
+                (staging / name).write_text(text, encoding="utf-8")
+            publish(staging, unit_dir(out, unit))
+        else:
+            _keep_failure(out, unit, rec)
+        outcome.records[unit.id] = rec
+        log(_progress(outcome, len(todo), end.pending, unit, rec))
 
 
 def _ray_error(e: BaseException) -> str:
-    from attnbench.bench.run import one_line
+    from attnbench.bench.failures import one_line
 
-    name = type(e).__name__
-    if "WorkerCrashed" in name or "ActorDied" in name or "NodeDied" in name:
-        return f"the process running it died ({name})"
-    return one_line(e)
+    reason = error_reason(e)
+    return reason if reason.startswith("the process") else one_line(e)

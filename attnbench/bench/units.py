@@ -27,13 +27,13 @@ import json
 import os
 import shutil
 import socket
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attnbench.core.errors import AttnbenchError
+from attnbench.runtime.outputs import private_name, write_text
 
 PLAN_NAME = "plan.json"
 UNITS_DIR = "units"
@@ -175,16 +175,8 @@ def read_plan(path: Path) -> dict[str, Any]:
     return doc
 
 
-def private_name(name: str) -> str:
-    """``.NAME.HOST.PID.RANDOM.tmp``: a temporary name no other process, on this node or
-    another one sharing the folder, can pick."""
-    return f".{name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-
-
 def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(private_name(path.name))
-    tmp.write_text(json.dumps(data, indent=1, default=str) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    write_text(path, json.dumps(data, indent=1, default=str) + "\n")
 
 
 def unit_dir(out: Path, unit: Unit) -> Path:

@@ -9,9 +9,10 @@ from typing import Annotated
 import typer
 
 from attnbench import __version__
-from attnbench.cli import check_cmd, compare, export, list_cmd, merge_cmd, plot, show
+from attnbench.cli import check_cmd, compare, export, gate, list_cmd, merge_cmd, plot, show
 from attnbench.cli.common import INTERRUPTED, USAGE_ERROR, Group
 from attnbench.cli.run import run_app
+from attnbench.runtime import logs
 
 app = typer.Typer(
     cls=Group,
@@ -35,6 +36,7 @@ def root(
     ] = False,
 ) -> None:
     """Benchmark attention mechanisms: correctness, speed, memory and length extrapolation."""
+    logs.show_on_stderr()  # the library logs; the command line shows it
 
 
 app.command("list")(list_cmd.list_mechanisms)
@@ -45,6 +47,7 @@ app.command("plot")(plot.plot_cmd)
 app.command("compare")(compare.compare_cmd)
 app.command("export")(export.export_cmd)
 app.command("merge")(merge_cmd.merge_cmd)
+app.command("gate")(gate.gate_cmd)
 
 
 # Typer may vendor its own click (typer._click): take click's exception classes from Typer's own

@@ -47,9 +47,7 @@ def fingerprint() -> str:
     """SHA-256 over the Python sources that define mechanisms, paths and parameters."""
     digest = hashlib.sha256()
     files = sorted(
-        p
-        for p in PACKAGE.rglob("*.py")
-        if p.relative_to(PACKAGE).parts[0] not in NOT_REGISTRY
+        p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] not in NOT_REGISTRY
     )
     for p in files:
         digest.update(p.relative_to(PACKAGE).as_posix().encode())

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 import sys
+from enum import Enum
 
 import typer
 from rich.console import Console
@@ -25,15 +28,40 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(USAGE_ERROR)
 
 
+class Choice(str, Enum):
+    """The values a fixed-choice option accepts (``--format``, ``--device``...): declared as
+    ``Annotated[SomeChoice, typer.Option(...)]``, Typer checks the value and ``--help`` lists
+    them (``<table|json>``); a value outside them is one line saying which are accepted
+    (:class:`Group`). Plain ``str`` underneath: no torch import to define one."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def values(cls) -> tuple[str, ...]:
+        return tuple(member.value for member in cls)
+
+    @classmethod
+    def bad_value(cls, option: str, value: object) -> str:
+        """The one line for ``value`` given to ``option``, which is not among the choices."""
+        return f"{option} {value!r}: accepted: {', '.join(cls.values())}"
+
+
 class Group(TyperGroup):
-    """Turns the library's AttnbenchError, raised anywhere below a command, into one line on
-    stderr and exit code 2, with no traceback."""
+    """Turns the library's AttnbenchError, raised anywhere below a command, and a value outside
+    a fixed-choice option's choices, into one line on stderr and exit code 2, with no
+    traceback."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except AttnbenchError as e:
             raise fail(str(e)) from None
+        except typer.BadParameter as e:
+            message = bad_choice_line(e)
+            if message is None:
+                raise
+            raise fail(message) from None
         except OSError as e:  # a file that cannot be read or written: full disk, permissions...
             raise fail(os_error_line(e)) from None
         except MemoryError:
@@ -41,6 +69,37 @@ class Group(TyperGroup):
                 "out of memory: this machine cannot hold what was asked; try a shorter --n, "
                 "a smaller batch or fewer heads"
             ) from None
+
+
+def bad_choice_line(e: typer.BadParameter) -> str | None:
+    """``--format 'yaml': accepted: table, json`` for a value outside an option's choices (the
+    choices' own :meth:`Choice.bad_value` when they are a Choice); None for any other bad value
+    (``--n abc``), which keeps click's message."""
+    param = e.param
+    # Typer >= 0.2x describes the annotation (type_descriptor); older ones give a click.Choice.
+    choices = getattr(getattr(param, "type_descriptor", None), "choices", None)
+    choices = choices or getattr(getattr(param, "type", None), "choices", None)
+    if param is None or not choices:
+        return None
+    option = next((o for o in param.opts if o.startswith("--")), param.name)
+    value = _given_value(e)
+    if isinstance(choices[0], Choice):
+        return type(choices[0]).bad_value(option, value)
+    accepted = ", ".join(str(c.value if isinstance(c, Enum) else c) for c in choices)
+    return f"{option} {value!r}: accepted: {accepted}"
+
+
+def _given_value(e: typer.BadParameter) -> object:
+    """The value the user gave, from the validation error Typer raised it from, else from the
+    message (``'yaml' is not one of 'table', 'json'.``); None when neither says."""
+    errors = getattr(e.__cause__, "errors", None)
+    if callable(errors):
+        try:
+            return errors()[0]["input"]
+        except (LookupError, TypeError, ValueError):
+            pass
+    found = re.search(r"('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\") is not one of", e.message)
+    return ast.literal_eval(found.group(1)) if found else None
 
 
 def os_error_line(e: OSError) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -24,7 +24,7 @@ from attnbench.cli.common import err, out
 from attnbench.core.errors import AttnbenchError
 
 if TYPE_CHECKING:  # the comparison itself (pandas, numpy) is imported when a command runs
-    from attnbench.bench.compare import Comparison, Line
+    from attnbench.bench.compare import Comparison, Line, Thresholds
 
 STYLE = {
     "worse": "bold red",
@@ -38,62 +38,73 @@ STYLE = {
 FORMATS = ("table", "json")
 
 
+# The options, one alias each (Typer names each option after its parameter).
+Confirm = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--confirm",
+        help="Results of the same grid run again: a regression counts only if it repeats "
+        "there too (repeatable).",
+    ),
+]
+MarkdownFile = Annotated[
+    Path | None, typer.Option("--markdown", help="Also write the comparison as markdown.")
+]
+OutputFormat = Annotated[
+    str,
+    typer.Option(
+        "--format",
+        help="table (for people) or json (the comparison on stdout, messages on stderr).",
+    ),
+]
+PValue = Annotated[
+    float, typer.Option(help="With samples: the U test's one-sided p must be below this.")
+]
+MinEffect = Annotated[
+    float, typer.Option(help="With samples: the ratio of medians must exceed this factor too.")
+]
+TimeRatio = Annotated[
+    float, typer.Option(help="Without samples: a time ratio to the reference must grow by more.")
+]
+RefTimeRatio = Annotated[
+    float, typer.Option(help="The reference's own time (x matmul rate) threshold.")
+]
+MemTolerance = Annotated[
+    float, typer.Option(help="Relative memory tolerance, deterministic methods.")
+]
+MemSlack = Annotated[
+    int, typer.Option(help="Absolute memory slack in bytes, deterministic methods.")
+]
+MemToleranceOther = Annotated[
+    float, typer.Option(help="Relative memory tolerance, other methods (CUDA allocator).")
+]
+Separation = Annotated[
+    bool,
+    typer.Option(
+        "--separation/--no-separation",
+        help="Also require the p20..p80 bands of the two time ratios not to overlap.",
+    ),
+]
+ShowAll = Annotated[
+    bool, typer.Option("--all", help="Show every compared quantity, not only the changes.")
+]
+
+
 def compare_cmd(
     current: Annotated[Path, typer.Argument(help="Results CSV of this run.")],
     baseline: Annotated[Path, typer.Argument(help="Results CSV to compare against.")],
-    confirm: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--confirm",
-            help="Results of the same grid run again: a regression counts only if it repeats "
-            "there too (repeatable).",
-        ),
-    ] = None,
-    markdown_file: Annotated[
-        Path | None, typer.Option("--markdown", help="Also write the comparison as markdown.")
-    ] = None,
-    output_format: Annotated[
-        str,
-        typer.Option(
-            "--format",
-            help="table (for people) or json (the comparison on stdout, messages on stderr).",
-        ),
-    ] = "table",
-    p_value: Annotated[
-        float,
-        typer.Option(help="With samples: the U test's one-sided p must be below this."),
-    ] = P_VALUE,
-    min_effect: Annotated[
-        float,
-        typer.Option(help="With samples: the ratio of medians must exceed this factor too."),
-    ] = MIN_EFFECT,
-    time_ratio: Annotated[
-        float,
-        typer.Option(help="Without samples: a time ratio to the reference must grow by more."),
-    ] = TIME_RATIO,
-    ref_time_ratio: Annotated[
-        float, typer.Option(help="The reference's own time (x matmul rate) threshold.")
-    ] = REF_TIME_RATIO,
-    mem_tolerance: Annotated[
-        float, typer.Option(help="Relative memory tolerance, deterministic methods.")
-    ] = MEM_TOLERANCE,
-    mem_slack: Annotated[
-        int, typer.Option(help="Absolute memory slack in bytes, deterministic methods.")
-    ] = MEM_SLACK_BYTES,
-    mem_tolerance_other: Annotated[
-        float, typer.Option(help="Relative memory tolerance, other methods (CUDA allocator).")
-    ] = MEM_TOLERANCE_OTHER,
-    separation: Annotated[
-        bool,
-        typer.Option(
-            "--separation/--no-separation",
-            help="Also require the p20..p80 bands of the two time ratios not to overlap.",
-        ),
-    ] = True,
-    show_all: Annotated[
-        bool,
-        typer.Option("--all", help="Show every compared quantity, not only the changes."),
-    ] = False,
+    confirm: Confirm = None,
+    markdown_file: MarkdownFile = None,
+    output_format: OutputFormat = "table",
+    p_value: PValue = P_VALUE,
+    min_effect: MinEffect = MIN_EFFECT,
+    time_ratio: TimeRatio = TIME_RATIO,
+    ref_time_ratio: RefTimeRatio = REF_TIME_RATIO,
+    mem_tolerance: MemTolerance = MEM_TOLERANCE,
+    mem_slack: MemSlack = MEM_SLACK_BYTES,
+    mem_tolerance_other: MemToleranceOther = MEM_TOLERANCE_OTHER,
+    separation: Separation = True,
+    show_all: ShowAll = False,
 ) -> None:
     """Compare a speed run with a baseline: time as ratio to the reference, FLOPs, memory.
 
@@ -114,19 +125,7 @@ def compare_cmd(
     """
     if output_format not in FORMATS:
         raise AttnbenchError(f"--format {output_format!r}: accepted: {', '.join(FORMATS)}")
-    factors = (("--time-ratio", time_ratio), ("--ref-time-ratio", ref_time_ratio),
-               ("--min-effect", min_effect))  # fmt: skip
-    for name, value in factors:
-        if not value > 1:
-            raise AttnbenchError(f"{name} {value}: accepted: a factor > 1 (e.g. 1.3)")
-    if not 0 < p_value < 0.5:
-        raise AttnbenchError(f"--p-value {p_value}: accepted: a probability in (0, 0.5)")
-    for name, value in (("--mem-tolerance", mem_tolerance), ("--mem-slack", mem_slack)):
-        if not (math.isfinite(value) and value >= 0):  # NaN compares false with everything
-            raise AttnbenchError(f"{name} {value}: accepted: a finite number >= 0")
-    from attnbench.bench.compare import Thresholds, as_json, compare
-
-    thresholds = Thresholds(
+    thresholds = _thresholds(
         time_ratio=time_ratio,
         ref_time_ratio=ref_time_ratio,
         mem_tolerance=mem_tolerance,
@@ -136,6 +135,8 @@ def compare_cmd(
         p_value=p_value,
         min_effect=min_effect,
     )
+    from attnbench.bench.compare import as_json, compare
+
     result = compare(current, baseline, thresholds, confirm or ())
     if markdown_file is not None:
         _write_markdown(markdown_file, result, show_all)
@@ -147,6 +148,27 @@ def compare_cmd(
     _print_messages(result)
     out.print(f"attnbench compare: {result.headline()}", soft_wrap=True)
     raise typer.Exit(result.exit_code)
+
+
+def _thresholds(**given: Any) -> Thresholds:
+    """The thresholds, each checked (one-line errors naming the option)."""
+    factors = (("--time-ratio", given["time_ratio"]), ("--ref-time-ratio", given["ref_time_ratio"]),
+               ("--min-effect", given["min_effect"]))  # fmt: skip
+    for name, value in factors:
+        if not value > 1:
+            raise AttnbenchError(f"{name} {value}: accepted: a factor > 1 (e.g. 1.3)")
+    if not 0 < given["p_value"] < 0.5:
+        raise AttnbenchError(f"--p-value {given['p_value']}: accepted: a probability in (0, 0.5)")
+    memory = (
+        ("--mem-tolerance", given["mem_tolerance"]),
+        ("--mem-slack", given["mem_slack_bytes"]),
+    )
+    for name, value in memory:
+        if not (math.isfinite(value) and value >= 0):  # NaN compares false with everything
+            raise AttnbenchError(f"{name} {value}: accepted: a finite number >= 0")
+    from attnbench.bench.compare import Thresholds
+
+    return Thresholds(**given)
 
 
 def _write_markdown(path: Path, result: Comparison, show_all: bool) -> None:

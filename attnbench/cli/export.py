@@ -7,13 +7,27 @@ from typing import Annotated
 
 import typer
 
-from attnbench.cli.common import fail
+from attnbench.cli.common import Choice, fail
+
+
+class Target(Choice):
+    """``--to``: the dashboard format: github-action-benchmark's custom tools, or the Bencher
+    Metric Format (for ``bencher run --adapter json``)."""
+
+    github_benchmark = "github-benchmark"
+    bencher = "bencher"
+
+    @classmethod
+    def bad_value(cls, option: str, value: object) -> str:
+        from attnbench.core.errors import unknown
+
+        return str(unknown("--to target", str(value), list(cls.values())))
 
 
 def export_cmd(
     results: Annotated[Path, typer.Argument(help="A results CSV from attnbench run speed.")],
     to: Annotated[
-        str | None,
+        Target | None,
         typer.Option(
             "--to",
             help="github-benchmark (github-action-benchmark's custom tools) or bencher "
@@ -40,13 +54,12 @@ def export_cmd(
 
     Example: [bold]attnbench export runs/ci/results.csv --to bencher --metric time,memory[/bold]
     """
-    from attnbench.bench.export import check_target, export_text, github_tool, parse_metrics
+    from attnbench.bench.export import export_text, github_tool, parse_metrics
 
     if to is None:
         raise fail("--to is required: github-benchmark or bencher")
-    check_target(to)
     metrics = list(metric or ["time"])
-    text = export_text(results, to, metrics)
+    text = export_text(results, to.value, metrics)
     if out_file is None:
         typer.echo(text, nl=False)
     else:
@@ -56,6 +69,6 @@ def export_cmd(
         except OSError as e:
             raise fail(f"cannot write {out_file}: {e.strerror or e}") from None
         typer.echo(f"wrote {out_file}", err=True)
-    if to == "github-benchmark":
+    if to is Target.github_benchmark:
         tool = github_tool(parse_metrics(metrics))
         typer.echo(f"github-action-benchmark: tool: '{tool}'", err=True)

@@ -3,15 +3,32 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from attnbench.cli.common import err, fail, out, parse_params
+from attnbench.cli.common import Choice, err, fail, out, parse_params
 from attnbench.core.errors import AttnbenchError
 
+if TYPE_CHECKING:  # torch and the library are imported inside the commands (fast --help)
+    from attnbench.extrapolation.config import ExtrapConfig
+    from attnbench.extrapolation.plan import RunOptions
+
 INTERRUPTED = 130
+
+
+class Executor(Choice):
+    """``--executor``: where the trainings run (``attnbench.runtime.engines.EXECUTORS``)."""
+
+    local = "local"
+    ray = "ray"
+
+
+# --------------------------------------------------------------------------------------------
+# The options of `run extrapolate` (and `run entropy`)
+# --------------------------------------------------------------------------------------------
 
 Preset = Annotated[
     str,
@@ -21,124 +38,187 @@ Preset = Annotated[
         help="Preset name (suites/extrapolate/NAME.toml: cpu, paper) or a TOML file.",
     ),
 ]
+SeedsOption = Annotated[int | None, typer.Option(help="Training seeds (0..N-1).")]
+SeedStartOption = Annotated[int | None, typer.Option(help="First seed.")]
+VariantsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Trained variants, comma-separated: O, E, E-ln, preset \\[variants] tables or "
+        "registry names."
+    ),
+]
+ImplOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        help="Also train this registry mechanism (NAME or NAME:PATH; 'all': every "
+        "bidirectional one). Repeatable."
+    ),
+]
+ParamOption = Annotated[
+    list[str] | None,
+    typer.Option(help="NAME=VALUE parameter for the --impl mechanisms. Repeatable."),
+]
+EvalTimeOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Eval-time rows on the trained O, comma-separated (logn, temperature, yarn, "
+        "local, chunk, ntk, pi, rerope; compose with +, e.g. rerope+logn; 'none')."
+    ),
+]
+CorpusOption = Annotated[
+    Path | None,
+    typer.Option(help="A text file or a folder of .txt files (default: the shipped Shakespeare)."),
+]
+OutOption = Annotated[
+    Path | None, typer.Option("--out", help="Output folder (default runs/extrapolate/PRESET).")
+]
+CheckpointsOption = Annotated[
+    Path | None, typer.Option(help="Checkpoint folder (default OUT/checkpoints).")
+]
+ResumeOption = Annotated[bool, typer.Option(help="Continue the checkpoints in the folder.")]
+EvalOnlyOption = Annotated[
+    bool, typer.Option(help="Only re-evaluate finished checkpoints (no training).")
+]
+TrainOnlyOption = Annotated[
+    bool,
+    typer.Option(
+        help="Train (or with --resume continue) the checkpoints and stop; evaluate later "
+        "with --eval-only. The one mode torchrun may start (data-parallel training)."
+    ),
+]
+OverwriteOption = Annotated[bool, typer.Option(help="Retrain even if checkpoints exist.")]
+DModelOption = Annotated[int | None, typer.Option(help="Model width.")]
+LayersOption = Annotated[int | None, typer.Option(help="Blocks.")]
+HeadsOption = Annotated[int | None, typer.Option(help="Attention heads.")]
+FfnMultOption = Annotated[int | None, typer.Option(help="FFN width / d_model.")]
+TrainLenOption = Annotated[int | None, typer.Option(help="Training length L.")]
+BatchOption = Annotated[int | None, typer.Option(help="Windows per training step.")]
+StepsOption = Annotated[int | None, typer.Option(help="Training steps.")]
+LrOption = Annotated[float | None, typer.Option(help="Peak learning rate (AdamW).")]
+WarmupOption = Annotated[int | None, typer.Option(help="Warm-up steps.")]
+MaskProbOption = Annotated[float | None, typer.Option(help="Masking probability.")]
+EvalLengthsOption = Annotated[str | None, typer.Option(help="Evaluation lengths, comma-separated.")]
+EvalTokensOption = Annotated[
+    int | None,
+    typer.Option(help="Held-out tokens evaluated at every length (cut into windows of n)."),
+]
+ThreadsOption = Annotated[int | None, typer.Option(help="CPU threads (0: all).")]
+#: Not a fixed choice: cuda:N names any GPU (checked by the config, with the accepted forms).
+DeviceOption = Annotated[
+    str | None, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N.")
+]
+CkptEveryOption = Annotated[int | None, typer.Option(help="Steps between checkpoints.")]
+SetOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        help="Any preset setting as SECTION.FIELD=VALUE, over the preset before it is checked; "
+        "sections: model, train, eval, run (e.g. train.lr=3e-4, run.variants=O,E). Repeatable; "
+        "wins over the options above.",
+    ),
+]
+TensorboardOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="Also log the training curves to TensorBoard in this folder (needs "
+        "pip install tensorboard; curves.csv is written either way)."
+    ),
+]
+ExecutorOption = Annotated[
+    Executor,
+    typer.Option(
+        help="Where the trainings run: local (worker processes here) or ray (a Ray task "
+        'each; pip install "attnbench\\[ray]").'
+    ),
+]
+RayAddressOption = Annotated[
+    str | None,
+    typer.Option(help="--executor ray: the cluster to join (default: start a local Ray)."),
+]
+ShardOption = Annotated[
+    str | None,
+    typer.Option(
+        help="I/N: train only trainings I, I+N, ... (an array job's task; implies "
+        "--train-only); then --eval-only evaluates them all."
+    ),
+]
+ListUnitsOption = Annotated[
+    bool,
+    typer.Option("--list-units", help="Print the run's units as JSON (trainings, evaluation)."),
+]
+
+#: The options that each set one config field: parameter -> SECTION.FIELD. Each becomes a
+#: setting like --set's (merged over the preset before it is checked, an error naming the
+#: option); every field, these included, can also be set with --set, which wins.
+CONFIG_FIELDS = {
+    "seeds": "run.seeds",
+    "seed_start": "run.seed_start",
+    "variants": "run.variants",
+    "eval_time": "run.eval_time",
+    "corpus": "run.corpus",
+    "threads": "run.threads",
+    "device": "run.device",
+    "ckpt_every": "run.ckpt_every",
+    "d_model": "model.d_model",
+    "layers": "model.layers",
+    "heads": "model.heads",
+    "ffn_mult": "model.ffn_mult",
+    "train_len": "model.train_len",
+    "batch": "train.batch",
+    "steps": "train.steps",
+    "lr": "train.lr",
+    "warmup": "train.warmup",
+    "mask_prob": "train.mask_prob",
+    "eval_lengths": "eval.lengths",
+    "eval_tokens": "eval.tokens",
+}
 
 
-def _overrides(**values) -> dict[str, object]:
-    """CLI options that were given (not None), as {"section.field": value}."""
-    return {k.replace("__", "."): v for k, v in values.items() if v is not None}
+def config_overrides(params: Mapping[str, Any]) -> dict[str, object]:
+    """The config options that were given (not None), as {"SECTION.FIELD": value}."""
+    values = {CONFIG_FIELDS[name]: params[name] for name in CONFIG_FIELDS}
+    if values["run.corpus"] is not None:
+        values["run.corpus"] = str(values["run.corpus"])
+    return {field: value for field, value in values.items() if value is not None}
 
 
 def extrapolate(
+    ctx: typer.Context,
     preset: Preset = "cpu",
-    seeds: Annotated[int | None, typer.Option(help="Training seeds (0..N-1).")] = None,
-    seed_start: Annotated[int | None, typer.Option(help="First seed.")] = None,
-    variants: Annotated[
-        str | None,
-        typer.Option(
-            help="Trained variants, comma-separated: O, E, E-ln, preset \\[variants] tables or "
-            "registry names."
-        ),
-    ] = None,
-    impl: Annotated[
-        list[str] | None,
-        typer.Option(
-            help="Also train this registry mechanism (NAME or NAME:PATH; 'all': every "
-            "bidirectional one). Repeatable."
-        ),
-    ] = None,
-    param: Annotated[
-        list[str] | None,
-        typer.Option(help="NAME=VALUE parameter for the --impl mechanisms. Repeatable."),
-    ] = None,
-    eval_time: Annotated[
-        str | None,
-        typer.Option(
-            help="Eval-time rows on the trained O, comma-separated (logn, temperature, yarn, "
-            "local, chunk, ntk, pi, rerope; compose with +, e.g. rerope+logn; 'none')."
-        ),
-    ] = None,
-    corpus: Annotated[
-        Path | None,
-        typer.Option(
-            help="A text file or a folder of .txt files (default: the shipped Shakespeare)."
-        ),
-    ] = None,
-    out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Output folder (default runs/extrapolate/PRESET).")
-    ] = None,
-    checkpoints: Annotated[
-        Path | None, typer.Option(help="Checkpoint folder (default OUT/checkpoints).")
-    ] = None,
-    resume: Annotated[bool, typer.Option(help="Continue the checkpoints in the folder.")] = False,
-    eval_only: Annotated[
-        bool, typer.Option(help="Only re-evaluate finished checkpoints (no training).")
-    ] = False,
-    train_only: Annotated[
-        bool,
-        typer.Option(
-            help="Train (or with --resume continue) the checkpoints and stop; evaluate later "
-            "with --eval-only. The one mode torchrun may start (data-parallel training)."
-        ),
-    ] = False,
-    overwrite: Annotated[bool, typer.Option(help="Retrain even if checkpoints exist.")] = False,
-    d_model: Annotated[int | None, typer.Option(help="Model width.")] = None,
-    layers: Annotated[int | None, typer.Option(help="Blocks.")] = None,
-    heads: Annotated[int | None, typer.Option(help="Attention heads.")] = None,
-    ffn_mult: Annotated[int | None, typer.Option(help="FFN width / d_model.")] = None,
-    train_len: Annotated[int | None, typer.Option(help="Training length L.")] = None,
-    batch: Annotated[int | None, typer.Option(help="Windows per training step.")] = None,
-    steps: Annotated[int | None, typer.Option(help="Training steps.")] = None,
-    lr: Annotated[float | None, typer.Option(help="Peak learning rate (AdamW).")] = None,
-    warmup: Annotated[int | None, typer.Option(help="Warm-up steps.")] = None,
-    mask_prob: Annotated[float | None, typer.Option(help="Masking probability.")] = None,
-    eval_lengths: Annotated[
-        str | None, typer.Option(help="Evaluation lengths, comma-separated.")
-    ] = None,
-    eval_tokens: Annotated[
-        int | None,
-        typer.Option(help="Held-out tokens evaluated at every length (cut into windows of n)."),
-    ] = None,
-    threads: Annotated[int | None, typer.Option(help="CPU threads (0: all).")] = None,
-    device: Annotated[
-        str | None, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N.")
-    ] = None,
-    ckpt_every: Annotated[int | None, typer.Option(help="Steps between checkpoints.")] = None,
-    set_: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--set",
-            help="Any setting as SECTION.FIELD=VALUE (e.g. train.min_lr_ratio=0.05). Repeatable.",
-        ),
-    ] = None,
-    tensorboard: Annotated[
-        Path | None,
-        typer.Option(
-            help="Also log the training curves to TensorBoard in this folder (needs "
-            "pip install tensorboard; curves.csv is written either way)."
-        ),
-    ] = None,
-    executor: Annotated[
-        str,
-        typer.Option(
-            help="Where the trainings run: local (worker processes here) or ray (a Ray task "
-            'each; pip install "attnbench\\[ray]").'
-        ),
-    ] = "local",
-    ray_address: Annotated[
-        str | None,
-        typer.Option(help="--executor ray: the cluster to join (default: start a local Ray)."),
-    ] = None,
-    shard: Annotated[
-        str | None,
-        typer.Option(
-            help="I/N: train only trainings I, I+N, ... (an array job's task; implies "
-            "--train-only); then --eval-only evaluates them all."
-        ),
-    ] = None,
-    list_units: Annotated[
-        bool,
-        typer.Option("--list-units", help="Print the run's units as JSON (trainings, evaluation)."),
-    ] = False,
+    seeds: SeedsOption = None,
+    seed_start: SeedStartOption = None,
+    variants: VariantsOption = None,
+    impl: ImplOption = None,
+    param: ParamOption = None,
+    eval_time: EvalTimeOption = None,
+    corpus: CorpusOption = None,
+    out_dir: OutOption = None,
+    checkpoints: CheckpointsOption = None,
+    resume: ResumeOption = False,
+    eval_only: EvalOnlyOption = False,
+    train_only: TrainOnlyOption = False,
+    overwrite: OverwriteOption = False,
+    d_model: DModelOption = None,
+    layers: LayersOption = None,
+    heads: HeadsOption = None,
+    ffn_mult: FfnMultOption = None,
+    train_len: TrainLenOption = None,
+    batch: BatchOption = None,
+    steps: StepsOption = None,
+    lr: LrOption = None,
+    warmup: WarmupOption = None,
+    mask_prob: MaskProbOption = None,
+    eval_lengths: EvalLengthsOption = None,
+    eval_tokens: EvalTokensOption = None,
+    threads: ThreadsOption = None,
+    device: DeviceOption = None,
+    ckpt_every: CkptEveryOption = None,
+    set_: SetOption = None,
+    tensorboard: TensorboardOption = None,
+    executor: ExecutorOption = Executor.local,
+    ray_address: RayAddressOption = None,
+    shard: ShardOption = None,
+    list_units: ListUnitsOption = False,
 ) -> None:
     """Train a byte-level MLM encoder at one length and measure accuracy at longer ones.
 
@@ -152,68 +232,20 @@ def extrapolate(
 
     Example: [bold]attnbench run extrapolate --seeds 3 --impl local --out results/x[/bold]
     """
-    from attnbench.cli.progress import default_progress
-    from attnbench.extrapolation.config import load_preset
-    from attnbench.extrapolation.run import RunOptions, run_extrapolate
+    from attnbench.extrapolation.run import run_extrapolate
     from attnbench.extrapolation.train import Interrupted
 
     if tensorboard is not None:
         from attnbench.extrapolation.curves import require_tensorboard
 
         require_tensorboard()
-    cfg = load_preset(preset)
-    values = _overrides(
-        run__seeds=seeds,
-        run__seed_start=seed_start,
-        run__variants=variants,
-        run__eval_time=eval_time,
-        run__corpus=str(corpus) if corpus is not None else None,
-        run__threads=threads,
-        run__device=device,
-        run__ckpt_every=ckpt_every,
-        model__d_model=d_model,
-        model__layers=layers,
-        model__heads=heads,
-        model__ffn_mult=ffn_mult,
-        model__train_len=train_len,
-        train__batch=batch,
-        train__steps=steps,
-        train__lr=lr,
-        train__warmup=warmup,
-        train__mask_prob=mask_prob,
-        eval__lengths=eval_lengths,
-        eval__tokens=eval_tokens,
-    )
-    for key, value in parse_params(set_, "--set", "train.steps=500").items():
-        values[key] = value
-    cfg = cfg.override(values)
+    # The options of CONFIG_FIELDS reach the config through ctx.params (every parameter's value).
+    cfg = _config(preset, ctx.params, set_)
     if sum((resume, eval_only, overwrite)) > 1:
         raise fail("--resume, --eval-only and --overwrite exclude each other")
-    from attnbench.runtime.engines import parse_shard
-
-    parsed_shard = parse_shard(shard) if shard is not None else None
-    train_only = train_only or parsed_shard is not None
-    opts = RunOptions(
-        out=out_dir or Path("runs") / "extrapolate" / cfg.preset,
-        checkpoints=checkpoints,
-        resume=resume,
-        eval_only=eval_only,
-        train_only=train_only,
-        overwrite=overwrite,
-        impls=list(impl or []),
-        impl_params=parse_params(param),
-        log=lambda msg: err.print(msg, markup=False, highlight=False),
-        progress=default_progress,
-        tensorboard=tensorboard,
-        executor=executor,
-        ray_address=ray_address,
-        shard=parsed_shard,
-    )
+    opts = _run_options(cfg, ctx.params)
     if list_units:
-        from attnbench.extrapolation.run import list_units as units_of
-
-        opts.check()
-        typer.echo(json.dumps(units_of(cfg, opts), indent=1))
+        _print_units(cfg, opts)
         return
     try:
         result = run_extrapolate(cfg, opts)
@@ -223,10 +255,58 @@ def extrapolate(
             err=True,
         )
         raise typer.Exit(INTERRUPTED) from None
-    if train_only:  # no table: the run's last line said where the checkpoints are
+    if opts.train_only:  # no table: the run's last line said where the checkpoints are
         return
     out.print(result.table, markup=False, highlight=False)
     err.print(f"wrote {result.out}", markup=False, highlight=False)
+
+
+def _config(preset: str, params: Mapping[str, Any], settings: list[str] | None) -> ExtrapConfig:
+    """The preset, with the config options given and then every --set SECTION.FIELD=VALUE
+    merged over it, then checked (an error names the option that set the value)."""
+    from attnbench.extrapolation.config import load_preset
+    from attnbench.runtime.tomlconfig import Setting, parse_settings
+
+    options = {field: name for name, field in CONFIG_FIELDS.items()}
+    given = [
+        Setting(tuple(field.split(".")), value, f"--{options[field].replace('_', '-')} {value}")
+        for field, value in config_overrides(params).items()
+    ]
+    return load_preset(preset, given + parse_settings(settings, "--set", "train.steps=500"))
+
+
+def _run_options(cfg: ExtrapConfig, params: Mapping[str, Any]) -> RunOptions:
+    """How to run (everything that is not the config): a RunOptions from the command's
+    parameters (``--shard`` implies ``--train-only``)."""
+    from attnbench.cli.progress import default_progress
+    from attnbench.extrapolation.plan import RunOptions
+    from attnbench.runtime.engines import parse_shard
+
+    shard = parse_shard(params["shard"]) if params["shard"] is not None else None
+    return RunOptions(
+        out=params["out_dir"] or Path("runs") / "extrapolate" / cfg.preset,
+        checkpoints=params["checkpoints"],
+        resume=params["resume"],
+        eval_only=params["eval_only"],
+        train_only=params["train_only"] or shard is not None,
+        overwrite=params["overwrite"],
+        impls=list(params["impl"] or []),
+        impl_params=parse_params(params["param"]),
+        log=lambda msg: err.print(msg, markup=False, highlight=False),
+        progress=default_progress,
+        tensorboard=params["tensorboard"],
+        executor=Executor(params["executor"]).value,
+        ray_address=params["ray_address"],
+        shard=shard,
+    )
+
+
+def _print_units(cfg: ExtrapConfig, opts: RunOptions) -> None:
+    """``--list-units``: the run's units as JSON on stdout."""
+    from attnbench.extrapolation.plan import list_units
+
+    opts.check()
+    typer.echo(json.dumps(list_units(cfg, opts), indent=1))
 
 
 def entropy(

@@ -5,16 +5,17 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from enum import Enum
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from attnbench.cli.common import out, short_reason
+from attnbench.cli.common import Choice, out, short_reason
 
 
-class Format(str, Enum):
+class Format(Choice):
+    """``--format``: a table for people, JSON or CSV for programs."""
+
     table = "table"
     json = "json"
     csv = "csv"
@@ -61,12 +62,14 @@ def print_blocks(entries: list[dict[str, Any]], device: str) -> None:
 
 def list_mechanisms(
     format: Annotated[Format, typer.Option("--format", "-f", help="Output format.")] = Format.table,
-    family: Annotated[str | None, typer.Option(help="Only this family.")] = None,
+    family: Annotated[
+        str | None, typer.Option(help="Only this family (see the family column); default all.")
+    ] = None,
 ) -> None:
     """List every registered mechanism: family, source, complexity, parameters and paths.
 
-    Paths that cannot run on this machine are shown with the reason. Reads the registry's
-    snapshot when it matches the installed code (no torch import: about 0.3 s).
+    Paths that cannot run on this machine are shown with the reason. Reads a cached
+    description of the registry, rebuilt after any change to it (no torch import: about 0.3 s).
 
     Example: [bold]attnbench list --format json[/bold]
     """
@@ -83,45 +86,56 @@ def list_mechanisms(
     if format is Format.json:
         json.dump(entries, sys.stdout, indent=2)
         sys.stdout.write("\n")
-        return
-    if format is Format.csv:
-        writer = csv.writer(sys.stdout)
+    elif format is Format.csv:
+        write_csv(entries)
+    elif out.width < TABLE:
+        print_blocks(entries, device)
+    else:
+        print_table(entries, device)
+
+
+#: ``--format csv``'s columns.
+CSV_COLUMNS = (
+    "name",
+    "family",
+    "description",
+    "source",
+    "time",
+    "memory",
+    "causal",
+    "bidirectional",
+    "params",
+    "paths",
+)
+
+
+def write_csv(entries: list[dict[str, Any]]) -> None:
+    """One row per mechanism on stdout; params and paths joined by ``;``, an unavailable path
+    followed by its reason in brackets."""
+    writer = csv.writer(sys.stdout)
+    writer.writerow(CSV_COLUMNS)
+    for e in entries:
         writer.writerow(
             [
-                "name",
-                "family",
-                "description",
-                "source",
-                "time",
-                "memory",
-                "causal",
-                "bidirectional",
-                "params",
-                "paths",
+                e["name"],
+                e["family"],
+                e["description"],
+                e["source"],
+                e["time"],
+                e["memory"],
+                e["causal"],
+                e["bidirectional"],
+                ";".join(f"{k}={v}" for k, v in e["params_text"].items()),
+                ";".join(
+                    p["name"] + ("" if p["available"] else f" [{p['reason']}]") for p in e["paths"]
+                ),
             ]
         )
-        for e in entries:
-            writer.writerow(
-                [
-                    e["name"],
-                    e["family"],
-                    e["description"],
-                    e["source"],
-                    e["time"],
-                    e["memory"],
-                    e["causal"],
-                    e["bidirectional"],
-                    ";".join(f"{k}={v}" for k, v in e["params_text"].items()),
-                    ";".join(
-                        p["name"] + ("" if p["available"] else f" [{p['reason']}]")
-                        for p in e["paths"]
-                    ),
-                ]
-            )
-        return
-    if out.width < TABLE:
-        print_blocks(entries, device)
-        return
+
+
+def print_table(entries: list[dict[str, Any]], device: str) -> None:
+    """Terminals of at least ``TABLE`` columns: one table row per mechanism (from ``WIDE``
+    columns, with its description and sources)."""
     wide = out.width >= WIDE
     table = Table(
         title=f"attnbench mechanisms ({len(entries)}; paths checked for {device})",

@@ -38,8 +38,8 @@ def merge_cmd(
     Example: [bold]attnbench merge runs/shard-0 runs/shard-1 --out runs/speed-all[/bold]
     """
     from attnbench.bench.merge import merge_runs
-    from attnbench.bench.run import command_line
-    from attnbench.cli.speed_cmd import draw_figures, print_summary
+    from attnbench.bench.provenance import command_line
+    from attnbench.cli.speed_report import draw_figures, print_summary
 
     run = merge_runs(folders, out_dir, allow_mixed=allow_mixed, command=shlex.join(command_line()))
     merged = json.loads(run.sidecar.read_text(encoding="utf-8"))["merged"]

@@ -7,7 +7,14 @@ from typing import Annotated
 
 import typer
 
-from attnbench.cli.common import err, out
+from attnbench.cli.common import Choice, err, out
+
+
+class FigureFormat(Choice):
+    """``--format``: the figures' file format."""
+
+    png = "png"
+    svg = "svg"
 
 
 def plot_cmd(
@@ -21,7 +28,9 @@ def plot_cmd(
         Path | None,
         typer.Option("--out", help="Where to write the figures (default: figures/ beside it)."),
     ] = None,
-    format: Annotated[str, typer.Option("--format", help="png or svg.")] = "png",
+    format: Annotated[
+        FigureFormat, typer.Option("--format", help="The figures' file format.")
+    ] = FigureFormat.png,
 ) -> None:
     """Time and peak memory against n (log-log), one panel per family with dense SDPA in each,
     one figure of each per direction and causal flag (time-*.png, memory-*.png); and
@@ -36,15 +45,16 @@ def plot_cmd(
     from attnbench.extrapolation.curves import is_curves_csv, plot_curves
     from attnbench.extrapolation.report import figure_from_csv, is_table_csv
 
+    fmt = format.value
     if is_table_csv(results):  # extrapolate.csv of run extrapolate: accuracy against length
-        out.print(f"wrote {figure_from_csv(results, out_dir, format)}")
+        out.print(f"wrote {figure_from_csv(results, out_dir, fmt)}")
         return
     if is_curves_csv(results):  # curves.csv of run extrapolate: loss against step
-        for path in plot_curves(results, out_dir, format):
+        for path in plot_curves(results, out_dir, fmt):
             out.print(f"wrote {path}")
         return
 
-    figures = plot_results(results, out_dir, format)
+    figures = plot_results(results, out_dir, fmt)
     for path in figures.paths:
         out.print(f"wrote {path}")
     for note in figures.notes:

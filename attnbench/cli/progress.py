@@ -15,7 +15,19 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from attnbench.extrapolation.progress import LineProgress, TrainProgress
+from attnbench.extrapolation.progress import LogProgress, TrainProgress
+
+
+class LineProgress(LogProgress):
+    """Plain lines on ``stream`` (stderr: not a terminal, as CI logs and pipes), about ``lines``
+    per training."""
+
+    def __init__(self, lines: int = 10, stream=None):
+        super().__init__(lines)
+        self.stream = stream or sys.stderr
+
+    def say(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
 
 
 class RichProgress:

@@ -1,12 +1,14 @@
 """Configuration of the extrapolation experiment: presets (TOML shipped in
-``attnbench/data/suites/extrapolate/``, read by :mod:`attnbench.runtime.tomlconfig` like the
-speed suites, so every error names the file and line), overrides, and the variants (rows) of the
-table.
+``attnbench/data/suites/extrapolate/``, read by :mod:`attnbench.runtime.tomlconfig` and
+:mod:`attnbench.runtime.schema` like the speed suites, so every error names the file and line),
+overrides, and the variants (rows) of the table.
 
-A preset file has the sections ``[model]`` (:class:`ModelConfig`), ``[train]``
-(:class:`TrainConfig`), ``[eval]`` (:class:`EvalConfig`), ``[run]`` (:class:`RunConfig`) and
-optional ``[variants.NAME]`` tables (``mechanism``, ``path``, ``params``) that name trained
-variants. Every field can be overridden from the command line.
+A preset file (:class:`PresetFile`) has the sections ``[model]`` (:class:`ModelConfig`),
+``[train]`` (:class:`TrainConfig`), ``[eval]`` (:class:`EvalConfig`), ``[run]``
+(:class:`RunConfig`) and optional ``[variants.NAME]`` tables (:class:`MixerSpec`: ``mechanism``,
+``path``, ``params``) that name trained variants. Every field can be set from the command line
+with ``--set SECTION.FIELD=VALUE`` (the common ones have their own options), merged over the
+file before it is checked.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,8 @@ from attnbench.extrapolation.model import MixerSpec, ModelConfig
 from attnbench.extrapolation.train import TrainConfig
 from attnbench.extrapolation.tricks import Tricks, parse_tricks
 from attnbench.runtime import tomlconfig
+from attnbench.runtime.schema import Checked, Rule, at_least, inside, read_section, setting
+from attnbench.runtime.tomlconfig import Setting, SuiteText
 
 DEFAULT_EVAL_TIME = (
     "logn", "temperature", "yarn", "local", "chunk", "ntk", "pi", "rerope", "rerope+logn"
@@ -32,18 +36,34 @@ DEFAULT_EVAL_TIME = (
 
 
 @dataclass(frozen=True)
-class EvalConfig:
-    """How to evaluate (not part of the checkpoint key: ``--eval-only`` may change all of it)."""
+class EvalConfig(Checked):
+    """How to evaluate (not part of the checkpoint key: ``--eval-only`` may change all of it);
+    a preset's ``[eval]``."""
 
-    lengths: tuple[int, ...] = (64, 128, 256, 512, 1024)  # evaluation lengths n
-    tokens: int = 65536  # the held-out span evaluated at every n (tokens // chunk pieces)
-    #: Contiguous tokens per piece of the span: see :meth:`piece`.
-    chunk: int = 1024
-    seed: int = 1234  # fixes the masked positions of the span (same for every variant)
-    batch_tokens: int = 4096  # tokens per evaluation batch
-    entropy_tokens: int = 2048  # attention entropy on the first tokens of the span (>= 1 window)
-    local_window: int = 0  # eval-time "local": keys within +-local_window; 0 means L/2
-    rerope_window: int = 0  # eval-time "rerope": relative positions clipped at +-w; 0 means L/2
+    lengths: tuple[int, ...] = setting(
+        (64, 128, 256, 512, 1024), "evaluation lengths n", valid=at_least(1), non_empty=True
+    )
+    tokens: int = setting(
+        65536,
+        "the held-out span evaluated at every n (tokens // chunk pieces)",
+        valid=at_least(1),
+    )
+    chunk: int = setting(
+        1024, "contiguous tokens per piece of the span: see :meth:`piece`", valid=at_least(1)
+    )
+    seed: int = setting(1234, "fixes the masked positions of the span (same for every variant)")
+    batch_tokens: int = setting(4096, "tokens per evaluation batch", valid=at_least(1))
+    entropy_tokens: int = setting(
+        2048,
+        "attention entropy on the first tokens of the span (>= 1 window)",
+        valid=at_least(0),
+    )
+    local_window: int = setting(
+        0, 'eval-time "local": keys within +-local_window; 0 means L/2', valid=at_least(0)
+    )
+    rerope_window: int = setting(
+        0, 'eval-time "rerope": relative positions clipped at +-w; 0 means L/2', valid=at_least(0)
+    )
 
     def piece(self) -> int:
         """Tokens per piece of the evaluation span: ``chunk`` (at most ``tokens``), raised to
@@ -51,64 +71,55 @@ class EvalConfig:
         the pieces, so it never changes the other lengths' numbers."""
         return max(max(self.lengths), min(self.chunk, self.tokens))
 
-    def check(self) -> None:
-        bad = [n for n in self.lengths if n < 1]
-        if not self.lengths or bad:
-            raise AttnbenchError(
-                f"invalid evaluation lengths {list(self.lengths)}; accepted: integers >= 1"
-            )
-        for name in ("tokens", "batch_tokens", "chunk"):
-            if getattr(self, name) < 1:
-                raise AttnbenchError(f"invalid eval {name}={getattr(self, name)}; accepted: >= 1")
-        for name in ("entropy_tokens", "local_window", "rerope_window"):
-            if getattr(self, name) < 0:
-                raise AttnbenchError(f"invalid eval {name}={getattr(self, name)}; accepted: >= 0")
+
+#: ``auto`` (CUDA when available, else CPU), ``cpu``, ``cuda``, ``cuda:1``, ``mps``...
+DEVICE = Rule(lambda d: d == "auto" or d.split(":")[0] in ("cpu", "cuda", "mps"), "")
 
 
 @dataclass(frozen=True)
-class RunConfig:
-    """What to run."""
+class RunConfig(Checked):
+    """What to run; a preset's ``[run]``."""
 
-    variants: tuple[str, ...] = ("O", "E")  # trained variants (names: see VARIANTS / [variants])
-    eval_time: tuple[str, ...] = DEFAULT_EVAL_TIME  # eval-time rows applied to the trained O
-    seeds: int = 1  # number of training seeds
-    seed_start: int = 0  # first seed
-    threads: int = 0  # torch CPU threads; 0: every core this process may use
-    #: Trainings at once on a CPU, each in its own process with threads / parallel threads;
-    #: 0: as many as there are cores (two 1-thread trainings out-train one 2-thread one by
-    #: ~20 % on 2 cores: small matmuls do not split well). 1: one after the other.
-    parallel: int = 0
-    device: str = "auto"  # "auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:1"...
-    ckpt_every: int = 500  # steps between periodic checkpoints
-    holdout: float = 0.1  # last share of the corpus kept for evaluation
-    #: Steps between measurements of the held-out loss during training (0: none); on a fixed
-    #: probe of ``heldout_windows`` held-out windows at the training length (the curves CSV).
-    heldout_every: int = 250
-    heldout_windows: int = 256
-    corpus: str = ""  # a text file or folder; "" is the shipped Shakespeare
-
-    def check(self) -> None:
-        if self.seeds < 1:
-            raise AttnbenchError(f"invalid seeds={self.seeds}; accepted: >= 1")
-        if self.seed_start < 0:
-            raise AttnbenchError(f"invalid seed_start={self.seed_start}; accepted: >= 0")
-        if self.threads < 0:
-            raise AttnbenchError(f"invalid threads={self.threads}; accepted: >= 0 (0: all)")
-        if self.parallel < 0:
-            raise AttnbenchError(f"invalid parallel={self.parallel}; accepted: >= 0 (0: auto)")
-        if self.ckpt_every < 0:
-            raise AttnbenchError(f"invalid ckpt_every={self.ckpt_every}; accepted: >= 0")
-        for name in ("heldout_every", "heldout_windows"):
-            if getattr(self, name) < 0:
-                raise AttnbenchError(f"invalid {name}={getattr(self, name)}; accepted: >= 0")
-        if not 0.0 < self.holdout < 1.0:
-            raise AttnbenchError(f"invalid holdout={self.holdout}; accepted: a fraction in (0, 1)")
-        if not (self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda", "mps")):
-            raise AttnbenchError(
-                f"invalid device={self.device!r}; accepted: auto, cpu, cuda, cuda:N, mps"
-            )
-        if not self.variants:
-            raise AttnbenchError("no trained variants; accepted: at least one, e.g. O,E")
+    variants: tuple[str, ...] = setting(
+        ("O", "E"),
+        "trained variants (names: see VARIANTS / [variants], or registry names)",
+        accepted="a non-empty list of variant names, e.g. O,E",
+        non_empty=True,
+    )
+    eval_time: tuple[str, ...] = setting(
+        DEFAULT_EVAL_TIME, "eval-time rows applied to the trained O"
+    )
+    seeds: int = setting(1, "number of training seeds", valid=at_least(1))
+    seed_start: int = setting(0, "first seed", valid=at_least(0))
+    threads: int = setting(
+        0, "torch CPU threads; 0: every core this process may use", valid=at_least(0)
+    )
+    #: Two 1-thread trainings out-train one 2-thread one by ~20 % on 2 cores: small matmuls do
+    #: not split well.
+    parallel: int = setting(
+        0,
+        "trainings at once on a CPU, each in its own process with threads / parallel threads; "
+        "0: as many as there are cores; 1: one after the other",
+        valid=at_least(0),
+    )
+    device: str = setting(
+        "auto",
+        '"auto" (cuda when available, else cpu), "cpu", "cuda", "cuda:1"...',
+        accepted="auto, cpu, cuda, cuda:N, mps",
+        valid=DEVICE,
+    )
+    ckpt_every: int = setting(500, "steps between periodic checkpoints", valid=at_least(0))
+    holdout: float = setting(
+        0.1, "last share of the corpus kept for evaluation", valid=inside(0, 1)
+    )
+    heldout_every: int = setting(
+        250,
+        "steps between measurements of the held-out loss during training (0: none); on a fixed "
+        "probe of heldout_windows held-out windows at the training length (the curves CSV)",
+        valid=at_least(0),
+    )
+    heldout_windows: int = setting(256, "windows of the held-out probe", valid=at_least(0))
+    corpus: str = setting("", 'a text file or folder; "" is the shipped Shakespeare')
 
 
 #: Trained variants every preset knows. E is Su 2021's log_512 n; E-ln the natural log
@@ -123,20 +134,26 @@ SECTIONS = {"model": ModelConfig, "train": TrainConfig, "eval": EvalConfig, "run
 
 
 @dataclass(frozen=True)
-class ExtrapConfig:
-    preset: str
-    model: ModelConfig = field(default_factory=ModelConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    run: RunConfig = field(default_factory=RunConfig)
-    variant_defs: Mapping[str, MixerSpec] = field(default_factory=lambda: dict(VARIANTS))
-    description: str = ""
+class PresetFile(Checked):
+    """The keys of a preset file."""
 
-    def check(self) -> None:
-        self.model.check()
-        self.train.check()
-        self.eval.check()
-        self.run.check()
+    description: str = setting("", "one line saying what the preset is for")
+    model: ModelConfig = setting(ModelConfig, "the encoder's shape")
+    train: TrainConfig = setting(TrainConfig, "how to train")
+    eval: EvalConfig = setting(EvalConfig, "how to evaluate")
+    run: RunConfig = setting(RunConfig, "what to run")
+    variants: dict[str, MixerSpec] = setting({}, "named trained variants: [variants.NAME]")
+
+
+@dataclass(frozen=True)
+class ExtrapConfig(Checked):
+    preset: str
+    model: ModelConfig = setting(ModelConfig)
+    train: TrainConfig = setting(TrainConfig)
+    eval: EvalConfig = setting(EvalConfig)
+    run: RunConfig = setting(RunConfig)
+    variant_defs: Mapping[str, MixerSpec] = setting(dict(VARIANTS))
+    description: str = ""
 
     def plain(self) -> dict[str, Any]:
         return {
@@ -147,17 +164,22 @@ class ExtrapConfig:
         }
 
     def override(self, values: Mapping[str, Any]) -> ExtrapConfig:
-        """Apply ``{"section.field": value}``; values may be command-line text."""
-        sections: dict[str, dict[str, Any]] = {}
-        for dotted, value in values.items():
-            section, field_name = split_key(dotted)
-            sections.setdefault(section, {})[field_name] = value
-        new = self
-        for section, fields in sections.items():
-            current = getattr(new, section)
-            coerced = {k: coerce(section, k, getattr(current, k), v) for k, v in fields.items()}
-            new = dataclasses.replace(new, **{section: dataclasses.replace(current, **coerced)})
-        return new
+        """Apply ``{"section.field": value}`` (or a field name that is unique: ``"steps"``);
+        text values are read as on the command line (``"16,64"`` for a list)."""
+        return self.with_settings(
+            [Setting(tuple(k.split(".")), v, f"{k}={v}") for k, v in values.items()]
+        )
+
+    def with_settings(self, settings: Sequence[Setting]) -> ExtrapConfig:
+        """The config with ``settings`` applied and everything checked again, as a preset file
+        with those settings would be (each error names the setting)."""
+        data = {name: _table(getattr(self, name)) for name in SECTIONS}
+        text = SuiteText.command_line(data).with_settings(qualified(settings))
+        return _config(text, self.preset, self.description, self.variant_defs)
+
+
+def _table(section: Any) -> dict[str, Any]:
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
 
 
 def field_names(section: str) -> list[str]:
@@ -168,59 +190,33 @@ def all_keys() -> list[str]:
     return [f"{s}.{f}" for s in SECTIONS for f in field_names(s)]
 
 
-def split_key(dotted: str) -> tuple[str, str]:
-    """``"train.steps"`` or a bare field name that is unique (``"steps"``)."""
-    if "." in dotted:
-        section, name = dotted.split(".", 1)
-        if section not in SECTIONS or name not in field_names(section):
-            raise unknown("setting", dotted, all_keys())
-        return section, name
-    owners = [s for s in SECTIONS if dotted in field_names(s)]
-    if len(owners) != 1:
-        raise unknown("setting", dotted, all_keys())
-    return owners[0], dotted
+def qualified(settings: Sequence[Setting]) -> list[Setting]:
+    """Settings with a bare field name (``steps``) given its section (``train.steps``) when only
+    one section has that field; an unknown bare name is an error naming the setting."""
+    out = []
+    for s in settings:
+        if len(s.key) == 1 and s.key[0] not in ("description", *SECTIONS):
+            owners = [section for section in SECTIONS if s.key[0] in field_names(section)]
+            if len(owners) != 1:
+                raise AttnbenchError(f"{s.label}: {unknown('key', s.key[0], all_keys())}")
+            s = dataclasses.replace(s, key=(owners[0], s.key[0]))
+        out.append(s)
+    return out
 
 
-def coerce(section: str, name: str, current: Any, value: Any) -> Any:
-    """Turn TOML or command-line values into the field's type; one-line errors."""
-    bad = AttnbenchError(
-        f"invalid {section}.{name}={value!r}; accepted: {type(current).__name__}"
-        + (" (comma-separated)" if isinstance(current, tuple) else "")
+def _config(
+    text: SuiteText, preset: str, description: str, variants: Mapping[str, MixerSpec]
+) -> ExtrapConfig:
+    file = read_section(text, text.data, PresetFile)
+    return ExtrapConfig(
+        preset=preset,
+        model=file.model,
+        train=file.train,
+        eval=file.eval,
+        run=file.run,
+        variant_defs={**variants, **file.variants},
+        description=file.description or description,
     )
-    try:
-        if isinstance(current, tuple):
-            items = value.split(",") if isinstance(value, str) else list(value)
-            items = [i.strip() if isinstance(i, str) else i for i in items]
-            items = [i for i in items if i != ""]
-            if [str(i).lower() for i in items] == ["none"]:
-                return ()
-            kind = type(current[0]) if current else str
-            if kind is int:
-                return tuple(_to_int(i) for i in items)
-            return tuple(str(i) for i in items)
-        if isinstance(current, bool):
-            if isinstance(value, bool):
-                return value
-            return str(value).lower() in ("1", "true", "yes", "on")
-        if isinstance(current, int):
-            return _to_int(value)
-        if isinstance(current, float):
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        return str(value)
-    except (ValueError, TypeError):
-        raise bad from None
-
-
-def _to_int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError
-        return int(value)
-    return int(str(value).strip())
 
 
 # --------------------------------------------------------------------------------------------
@@ -237,47 +233,12 @@ def find_preset(name_or_path: str) -> Path:
     return tomlconfig.find_config(name_or_path, tomlconfig.PRESETS_DIR, "preset")
 
 
-def load_preset(name_or_path: str) -> ExtrapConfig:
-    """A preset file as an :class:`ExtrapConfig`; every error names the file and the line."""
+def load_preset(name_or_path: str, settings: Sequence[Setting] = ()) -> ExtrapConfig:
+    """A preset file as an :class:`ExtrapConfig`, with ``settings`` (the command line's) merged
+    over it before it is checked; every error names the file and the line, or the setting."""
     text = tomlconfig.load(find_preset(name_or_path), "preset")
-    data = dict(text.data)
-    description = data.pop("description", "")
-    if not isinstance(description, str):
-        raise text.error(("description",), "description must be a string")
-    cfg = ExtrapConfig(preset=text.path.stem, description=description)
-    defs = dict(VARIANTS)
-    variants = data.pop("variants", {})
-    if not isinstance(variants, dict):
-        raise text.error(("variants",), "variants must be tables: [variants.NAME]")
-    for vname, table in variants.items():
-        defs[vname] = variant_from_table(vname, table, text)
-    for section, table in data.items():
-        if section not in SECTIONS or not isinstance(table, dict):
-            raise text.error(
-                (section,),
-                f"unknown section [{section}]; accepted: "
-                + ", ".join(f"[{s}]" for s in (*SECTIONS, "variants.NAME")),
-            )
-        for key, value in table.items():
-            try:
-                cfg = cfg.override({f"{section}.{key}": value})
-            except AttnbenchError as e:
-                raise text.error((section, key), str(e)) from None
-    return dataclasses.replace(cfg, variant_defs=defs)
-
-
-def variant_from_table(name: str, table: Any, text: tomlconfig.SuiteText) -> MixerSpec:
-    where = ("variants", name)
-    if not isinstance(table, dict) or "mechanism" not in table:
-        raise text.error(where, f'[variants.{name}] needs mechanism = "NAME"')
-    extra = set(table) - {"mechanism", "path", "params"}
-    if extra:
-        raise text.error(
-            (*where, sorted(extra)[0]),
-            f"[variants.{name}] has unknown keys {sorted(extra)}; "
-            "accepted: mechanism, path, params",
-        )
-    return MixerSpec(table["mechanism"], table.get("path"), dict(table.get("params", {})))
+    text = text.with_settings(qualified(settings))
+    return _config(text, text.path.stem, "", VARIANTS)
 
 
 # --------------------------------------------------------------------------------------------
@@ -369,13 +330,13 @@ def resolve_variants(
     if impl_params and not expanded:
         raise AttnbenchError("--param applies to --impl mechanisms; no --impl was given")
     for text in expanded:
-        mech_name, _, path = text.partition(":")
-        mech = registry.get(mech_name.strip())
+        mech, path = registry.resolve(text)
+        path_name = path.name if path else None
         params = {k: v for k, v in impl_params.items()}
-        label = mech.name + (f":{path}" if path else "")
+        label = mech.name + (f":{path_name}" if path_name else "")
         if params:
             label += "(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")"
-        spec = resolve_spec(MixerSpec(mech.name, path or None, params), label)
+        spec = resolve_spec(MixerSpec(mech.name, path_name, params), label)
         out.setdefault(label, TrainedVariant(label, spec))
     return list(out.values()), notes
 

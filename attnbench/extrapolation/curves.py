@@ -23,13 +23,13 @@ from __future__ import annotations
 import csv
 import importlib.util
 import math
-import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.train import CurvePoint, TrainConfig, lr_at
+from attnbench.runtime.outputs import atomic_open
 
 COLUMNS = ("variant", "seed", "step", "loss", "lr", "tokens_per_s", "train_time_s",
            "heldout_loss")  # fmt: skip
@@ -156,12 +156,10 @@ class CurveLog:
 def write_curve(path: Path, variant: str, seed: int, points: Sequence[CurvePoint]) -> None:
     """The whole curve file at once (atomically: a reader never sees half of it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
+    with atomic_open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
         writer.writerows(_row(variant, seed, p) for p in points)
-    os.replace(tmp, path)
 
 
 def combine(curve_files: Iterable[Path], out: Path) -> Path | None:
@@ -180,12 +178,10 @@ def combine(curve_files: Iterable[Path], out: Path) -> Path | None:
             rows += [r + pad for r in reader if len(r) == len(header)]
     if not rows:
         return None
-    tmp = out.with_name(out.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
+    with atomic_open(out, "w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
         writer.writerows(rows)
-    os.replace(tmp, out)
     return out
 
 

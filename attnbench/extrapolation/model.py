@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from attnbench import registry
 from attnbench.core.errors import AttnbenchError
 from attnbench.layers import Rotary, make_layer
+from attnbench.runtime.schema import Checked, Invalid, at_least, setting
 
 #: Byte values are their own ids; one extra id stands for a masked position.
 BYTES = 256
@@ -38,32 +39,33 @@ VOCAB = BYTES + 1
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """The shape of the encoder (what a checkpoint must agree with)."""
+class ModelConfig(Checked):
+    """The shape of the encoder (what a checkpoint must agree with); a preset's ``[model]``."""
 
-    d_model: int = 128  # width C of the residual stream
-    layers: int = 2  # blocks
-    heads: int = 2  # attention heads; head dim = d_model / heads
-    ffn_mult: int = 4  # FFN hidden width = ffn_mult * d_model (GELU)
-    train_len: int = 64  # L: the one length the model is trained at
-    rope_base: float = 10000.0  # rotary base
+    d_model: int = setting(128, "width C of the residual stream", valid=at_least(1))
+    layers: int = setting(2, "blocks", valid=at_least(1))
+    heads: int = setting(2, "attention heads; head dim = d_model / heads", valid=at_least(1))
+    ffn_mult: int = setting(4, "FFN hidden width = ffn_mult * d_model (GELU)", valid=at_least(1))
+    train_len: int = setting(64, "L: the one length the model is trained at", valid=at_least(1))
+    rope_base: float = setting(10000.0, "rotary base")
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.heads
 
-    def check(self) -> None:
-        for name in ("d_model", "layers", "heads", "ffn_mult", "train_len"):
-            if getattr(self, name) < 1:
-                raise AttnbenchError(f"invalid {name}={getattr(self, name)}; accepted: >= 1")
+    def __post_init__(self) -> None:
+        """The fields that bound each other: heads divide d_model into an even head dim."""
+        super().__post_init__()
         if self.d_model % self.heads:
-            raise AttnbenchError(
-                f"d_model={self.d_model} is not divisible by heads={self.heads}; "
-                "accepted: heads dividing d_model"
+            raise Invalid(
+                "heads",
+                f"d_model = {self.d_model} is not divisible by heads = {self.heads}; "
+                "accepted: heads dividing d_model",
             )
         if self.head_dim % 2:
-            raise AttnbenchError(
-                f"head dim d_model/heads = {self.head_dim} is odd; rotary needs an even head dim"
+            raise Invalid(
+                "heads",
+                f"head dim d_model/heads = {self.head_dim} is odd; rotary needs an even head dim",
             )
 
 
@@ -160,8 +162,7 @@ class MLMEncoder(nn.Module):
         blocks: int | None = None,
     ):
         super().__init__()
-        cfg.check()
-        self.cfg = cfg
+        self.cfg = cfg  # checked when it was made (ModelConfig is a Checked dataclass)
         self.embed = nn.Embedding(VOCAB, cfg.d_model)
         count = cfg.layers if blocks is None else blocks
         self.blocks = nn.ModuleList(Block(cfg, mixer(cfg, i), with_ffn) for i in range(count))

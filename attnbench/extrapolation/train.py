@@ -30,7 +30,6 @@ import contextlib
 import hashlib
 import json
 import math
-import os
 import random
 import signal
 import time
@@ -46,6 +45,8 @@ from torch import Tensor, nn
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.model import MASK_ID
 from attnbench.extrapolation.progress import NoProgress, TrainProgress
+from attnbench.runtime.outputs import atomic_path
+from attnbench.runtime.schema import Checked, above, at_least, finite, inside, setting, within
 
 if TYPE_CHECKING:
     from attnbench.extrapolation.distributed import DataParallel
@@ -70,35 +71,23 @@ class CurvePoint(NamedTuple):
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Checked):
     """How to train (every field changes the trained weights, so it is part of the checkpoint
-    key)."""
+    key); a preset's ``[train]``."""
 
-    batch: int = 64  # windows per step
-    steps: int = 3000  # optimiser steps
-    lr: float = 1e-3  # peak learning rate (AdamW)
-    warmup: int = 200  # linear warm-up steps, then cosine decay
-    min_lr_ratio: float = 0.1  # the cosine ends at lr * min_lr_ratio
-    weight_decay: float = 0.01  # AdamW decay on matrices (not on biases, norms)
-    grad_clip: float = 1.0  # max global grad norm (0: off)
-    mask_prob: float = 0.15  # each position masked independently with this probability
-
-    def check(self) -> None:
-        for name in ("batch", "steps"):
-            if getattr(self, name) < 1:
-                raise AttnbenchError(f"invalid {name}={getattr(self, name)}; accepted: >= 1")
-        if not (math.isfinite(self.lr) and self.lr > 0):  # inf trains to NaN; NaN crashes
-            raise AttnbenchError(f"invalid lr={self.lr}; accepted: a finite number > 0")
-        for name in ("weight_decay", "grad_clip"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise AttnbenchError(f"invalid {name}={value}; accepted: a finite number >= 0")
-        if self.warmup < 0:
-            raise AttnbenchError(f"invalid warmup={self.warmup}; accepted: >= 0")
-        if not 0.0 < self.mask_prob < 1.0:
-            raise AttnbenchError(f"invalid mask_prob={self.mask_prob}; accepted: in (0, 1)")
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise AttnbenchError(f"invalid min_lr_ratio={self.min_lr_ratio}; accepted: in [0, 1]")
+    batch: int = setting(64, "windows per step", valid=at_least(1))
+    steps: int = setting(3000, "optimiser steps", valid=at_least(1))
+    #: inf trains to NaN, NaN crashes: both refused.
+    lr: float = setting(1e-3, "peak learning rate (AdamW)", valid=finite(above(0)))
+    warmup: int = setting(200, "linear warm-up steps, then cosine decay", valid=at_least(0))
+    min_lr_ratio: float = setting(0.1, "the cosine ends at lr * min_lr_ratio", valid=within(0, 1))
+    weight_decay: float = setting(
+        0.01, "AdamW decay on matrices (not on biases, norms)", valid=finite(at_least(0))
+    )
+    grad_clip: float = setting(1.0, "max global grad norm (0: off)", valid=finite(at_least(0)))
+    mask_prob: float = setting(
+        0.15, "each position masked independently with this probability", valid=inside(0, 1)
+    )
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -239,13 +228,8 @@ def atomic_save(obj: Any, path: Path) -> None:
     """Save whole or not at all: a temporary file, renamed when complete, removed on failure (a
     full disk leaves the previous checkpoint and no ``.pt.tmp``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
+    with atomic_path(path) as tmp:
         torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
@@ -371,97 +355,35 @@ def train(
     """
     if log_every < 1:
         raise AttnbenchError(f"invalid log_every={log_every}; accepted: >= 1")
-    cfg.check()
     progress = progress or NoProgress()
     sampler = BatchSampler(stream, train_len, cfg.batch, cfg.mask_prob, seed)
     share = dist.share(cfg.batch) if dist is not None else None  # this rank's windows
     device = next(model.parameters()).device
     opt = make_optimizer(model, cfg)
-    start, elapsed, history = 0, 0.0, []
-    if resume is not None:
-        model.load_state_dict(resume["model"])
-        opt.load_state_dict(resume["optim"])
-        sampler.set_state(resume["rng"]["sampler"])
-        torch.set_rng_state(resume["rng"]["torch"])
-        random.setstate(_python_state(resume["rng"]["python"]))
-        start, elapsed, history = resume["step"], resume["train_time_s"], list(resume["history"])
+    start, elapsed, history = _restore(resume, model, opt, sampler)
 
-    def save(step: int, done: bool, loss: float) -> None:
-        if dist is not None and not dist.is_main:
-            return
-        atomic_save(
-            {
-                "format": CHECKPOINT_FORMAT,
-                "key": dict(key),
-                "key_hash": key_hash(key),
-                "step": step,
-                "done": done,
-                "model": model.state_dict(),
-                "optim": opt.state_dict(),
-                "rng": {
-                    "sampler": sampler.state(),
-                    "torch": torch.get_rng_state(),
-                    "python": random.getstate(),
-                },
-                "train_time_s": elapsed + (time.perf_counter() - t0),
-                "final_loss": loss,
-                "history": history,
-            },
-            path,
-        )
+    def save(step: int, done: bool, loss: float) -> None:  # under torchrun, rank 0 alone writes
+        if dist is None or dist.is_main:
+            seconds = elapsed + (time.perf_counter() - t0)  # t0: moved on by the held-out probe
+            state = _checkpoint(key, step, done, model, opt, sampler, seconds, loss, history)
+            atomic_save(state, path)
 
     model.train()
     tokens_per_step = cfg.batch * train_len
     t0 = time.perf_counter()
-    loss_value, smooth = float("nan"), None
-    step = start
-    logged_step, logged_at = start, t0
-    next_probe = None
-    if heldout is not None:  # the first multiple of ``every`` not yet measured (also on resume)
-        measured = [p[0] for p in history if len(p) > 5 and not math.isnan(p[5])]
-        next_probe = ((measured[-1] if measured else 0) // heldout.every + 1) * heldout.every
+    step, loss_value, smooth = start, float("nan"), None
+    recorder = _CurveRecorder(history, heldout, on_log, tokens_per_step, start, t0, cfg)
     progress.start(title, cfg.steps, start)
     try:
         with StopFlag().installed() as stop:
             while step < cfg.steps:
-                for group in opt.param_groups:
-                    group["lr"] = lr_at(step, cfg)
-                if dist is None:
-                    batch = [t.to(device, non_blocking=True) for t in sampler.next()]
-                    loss = masked_loss(model, *batch)
-                else:  # every rank draws the whole batch: the sampler stays in step everywhere
-                    loss = share_loss(model, sampler.next(), share, device)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if dist is not None:
-                    dist.all_reduce_gradients(model)  # now the whole batch's gradient
-                if cfg.grad_clip > 0:
-                    nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
+                loss_value = _train_step(model, opt, sampler, cfg, step, device, dist, share)
                 step += 1
-                if dist is None:
-                    loss_value = loss.item()
-                else:
-                    loss_value = dist.all_reduce_sum(loss.detach().clone()).item()
                 smooth = loss_value if smooth is None else 0.98 * smooth + 0.02 * loss_value
                 run_s = time.perf_counter() - t0
                 if step % log_every == 0 or step == cfg.steps:
-                    now = t0 + run_s
-                    rate = (step - logged_step) * tokens_per_step / max(now - logged_at, 1e-9)
-                    heldout_loss, probe_s = math.nan, 0.0
-                    if next_probe is not None and (step >= next_probe or step == cfg.steps):
-                        heldout_loss = heldout.loss(model, device, cfg.batch)
-                        next_probe = (step // heldout.every + 1) * heldout.every
-                        probe_s = time.perf_counter() - now
-                        t0 += probe_s  # not training time
-                    point = CurvePoint(
-                        step, loss_value, opt.param_groups[0]["lr"], rate, elapsed + run_s,
-                        heldout_loss,
-                    )  # fmt: skip
-                    history.append(tuple(point))
-                    logged_step, logged_at = step, now + probe_s
-                    if on_log is not None:
-                        on_log(point)
+                    lr = opt.param_groups[0]["lr"]
+                    t0 += recorder.record(step, loss_value, lr, t0 + run_s, elapsed + run_s, model)
                 progress.update(step, smooth, (step - start) * tokens_per_step / max(run_s, 1e-9))
                 if on_step is not None:
                     on_step(step)
@@ -478,13 +400,101 @@ def train(
     finally:
         progress.stop()
     run_s = time.perf_counter() - t0
-    return TrainOutcome(
-        steps=step,
-        train_time_s=elapsed + run_s,
-        final_loss=loss_value,
-        tokens_per_s=(step - start) * tokens_per_step / max(run_s, 1e-9),
-        resumed_from=start,
-    )
+    rate = (step - start) * tokens_per_step / max(run_s, 1e-9)
+    return TrainOutcome(step, elapsed + run_s, loss_value, tokens_per_s=rate, resumed_from=start)
+
+
+def _restore(
+    resume: dict[str, Any] | None, model: nn.Module, opt: torch.optim.Optimizer, sampler
+) -> tuple[int, float, list]:
+    """Load ``resume`` (a checkpoint, or None to start afresh) into the model, the optimiser,
+    the sampler and the global generators; returns (step, training time so far, history)."""
+    if resume is None:
+        return 0, 0.0, []
+    model.load_state_dict(resume["model"])
+    opt.load_state_dict(resume["optim"])
+    sampler.set_state(resume["rng"]["sampler"])
+    torch.set_rng_state(resume["rng"]["torch"])
+    random.setstate(_python_state(resume["rng"]["python"]))
+    return resume["step"], resume["train_time_s"], list(resume["history"])
+
+
+def _checkpoint(key, step, done, model, opt, sampler, train_time_s, loss, history) -> dict:
+    """Everything a checkpoint holds (see the module docstring)."""
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "key": dict(key),
+        "key_hash": key_hash(key),
+        "step": step,
+        "done": done,
+        "model": model.state_dict(),
+        "optim": opt.state_dict(),
+        "rng": {
+            "sampler": sampler.state(),
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+        },
+        "train_time_s": train_time_s,
+        "final_loss": loss,
+        "history": history,
+    }
+
+
+def _train_step(model, opt, sampler, cfg: TrainConfig, step: int, device, dist, share) -> float:
+    """Optimiser step ``step`` (0-based) on the next batch (this rank's ``share`` of it under
+    torchrun); returns the batch's loss (the whole batch's, summed over the ranks)."""
+    for group in opt.param_groups:
+        group["lr"] = lr_at(step, cfg)
+    if dist is None:
+        batch = [t.to(device, non_blocking=True) for t in sampler.next()]
+        loss = masked_loss(model, *batch)
+    else:  # every rank draws the whole batch: the sampler stays in step everywhere
+        loss = share_loss(model, sampler.next(), share, device)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if dist is not None:
+        dist.all_reduce_gradients(model)  # now the whole batch's gradient
+    if cfg.grad_clip > 0:
+        nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    if dist is None:
+        return loss.item()
+    return dist.all_reduce_sum(loss.detach().clone()).item()
+
+
+class _CurveRecorder:
+    """The points of one training's history (shared with its checkpoints), each handed to
+    ``on_log``; the held-out probe measured at the first logged step at or past each multiple
+    of its ``every`` (continuing a resumed history's count) and at the last step."""
+
+    def __init__(self, history: list, heldout: HeldoutProbe | None, on_log, tokens_per_step: int,
+                 start: int, started_at: float, cfg: TrainConfig) -> None:  # fmt: skip
+        self.history, self.heldout, self.on_log = history, heldout, on_log
+        self.tokens_per_step, self.cfg = tokens_per_step, cfg
+        self.logged_step, self.logged_at = start, started_at
+        self.next_probe = None
+        if heldout is not None:  # the first multiple of ``every`` not yet measured (also on resume)
+            measured = [p[0] for p in history if len(p) > 5 and not math.isnan(p[5])]
+            every = heldout.every
+            self.next_probe = ((measured[-1] if measured else 0) // every + 1) * every
+
+    def record(self, step: int, loss_value: float, lr: float, now: float, train_time_s: float,
+               model: nn.Module) -> float:  # fmt: skip
+        """Add the point of ``step`` (``now``: its clock time); returns the seconds the held-out
+        probe took (not training time: the caller moves its clock on by as much)."""
+        rate = (step - self.logged_step) * self.tokens_per_step / max(now - self.logged_at, 1e-9)
+        heldout_loss, probe_s = math.nan, 0.0
+        if self.next_probe is not None and (step >= self.next_probe or step == self.cfg.steps):
+            device = next(model.parameters()).device
+            heldout_loss = self.heldout.loss(model, device, self.cfg.batch)
+            self.next_probe = (step // self.heldout.every + 1) * self.heldout.every
+            probe_s = time.perf_counter() - now
+        point = CurvePoint(step, loss_value, lr, rate, train_time_s, heldout_loss)
+        self.history.append(tuple(point))
+        self.logged_step, self.logged_at = step, now + probe_s
+        if self.on_log is not None:
+            self.on_log(point)
+        return probe_s
 
 
 def _wait_for_main(dist: DataParallel | None) -> None:

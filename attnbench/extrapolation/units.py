@@ -9,8 +9,7 @@ shard sees; the evaluation unit is ``--eval-only`` with the same options, once e
 
 from __future__ import annotations
 
-import os
-import pickle
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,6 +25,9 @@ from attnbench.runtime.engines import (
     inject_fault,
     ray_session,
 )
+from attnbench.runtime.outputs import write_bytes_once
+from attnbench.runtime.processes import run_each_in_a_process
+from attnbench.runtime.ray_tasks import error_reason, tasks_with_one_retry
 
 
 def unit_list(entries: Sequence[tuple], shard: tuple[int, int] | None) -> list[dict[str, Any]]:
@@ -49,84 +51,21 @@ def unit_list(entries: Sequence[tuple], shard: tuple[int, int] | None) -> list[d
 # --------------------------------------------------------------------------------------------
 
 
-def _job_main(conn, fn, job, args) -> None:
-    """A worker process: one job; its result, or its exception, goes back through ``conn``."""
-    try:
-        reply = ("ok", fn(job, *args))
-    except BaseException as e:
-        try:
-            pickle.dumps(e)
-            reply = ("error", e)
-        except Exception:
-            reply = ("error", AttnbenchError(f"{type(e).__name__}: {e}"))
-    conn.send(reply)
-
-
-class _JobProcess:
-    def __init__(self, ctx, fn, job, args):
-        self.job = job
-        self.conn, child = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=_job_main, args=(child, fn, job, args), daemon=True)
-        self.proc.start()
-        child.close()
-
-    def outcome(self) -> tuple[str, Any] | None:
-        """("ok", result), ("error", exception), ("died", exit code), or None while running."""
-        if self.conn.poll():
-            try:
-                reply = self.conn.recv()
-                self.proc.join()
-                return reply
-            except EOFError:
-                pass
-        if self.proc.is_alive():
-            return None
-        self.proc.join()
-        return ("died", self.proc.exitcode)
-
-    def stop(self, wait_s: float) -> None:
-        self.proc.join(wait_s)
-        if self.proc.is_alive():
-            self.proc.terminate()
-            self.proc.join()
-
-
 def train_in_processes(jobs, workers: int, fn, args: tuple, log) -> list:
     """``fn(job, *args)`` for every job, ``workers`` at once, each in its own spawned process (a
     segfault or an exit fails only its own job); logs each result. Returns the jobs whose process
     died. A job that raises makes this raise, after the others running have stopped (Ctrl-C
     reaches them too: they checkpoint and stop; otherwise they are terminated)."""
-    import multiprocessing
-
-    ctx = multiprocessing.get_context("spawn")
-    queue, running, died = list(jobs), [], []
-    try:
-        while queue or running:
-            while queue and len(running) < workers:
-                running.append(_JobProcess(ctx, fn, queue.pop(0), args))
-            time.sleep(0.05)
-            for proc in list(running):
-                outcome = proc.outcome()
-                if outcome is None:
-                    continue
-                running.remove(proc)
-                kind, value = outcome
-                if kind == "ok":
-                    log(value)
-                elif kind == "died":
-                    log(f"{proc.job.variant.label} seed {proc.job.seed}: "
-                        f"{_died(value)}")  # fmt: skip
-                    died.append(proc.job)
-                else:
-                    raise value
-    except KeyboardInterrupt:
-        for proc in running:  # they got the Ctrl-C too: let them write their checkpoints
-            proc.stop(wait_s=60)
-        raise
-    except BaseException:
-        for proc in running:
-            proc.stop(wait_s=0)
-        raise
+    died = []
+    with contextlib.closing(run_each_in_a_process(jobs, fn, args, at_once=workers)) as ends:
+        for job, (kind, value) in ends:
+            if kind == "ok":
+                log(value)
+            elif kind == "died":
+                log(f"{job.variant.label} seed {job.seed}: {_died(value)}")
+                died.append(job)
+            else:
+                raise value
     return sorted(died, key=jobs.index)
 
 
@@ -156,16 +95,6 @@ def _train_task(job, train_stream: Tensor, threads: int, retry_since: float | No
     return line, job.path.read_bytes(), curve.read_bytes() if curve.exists() else None
 
 
-def _put(path: Path, data: bytes | None) -> None:
-    """Write ``data`` at ``path`` atomically, unless the file there already holds it."""
-    if data is None or (path.exists() and path.read_bytes() == data):
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(data)
-    tmp.replace(path)
-
-
 def train_on_ray(jobs, train_stream: Tensor, threads: int, device: torch.device,
                  address: str | None, log: Callable[[str], None]) -> set[Path]:  # fmt: skip
     """Each training a Ray task (one GPU each on a GPU; ``threads`` CPUs each on a CPU). A task
@@ -177,46 +106,40 @@ def train_on_ray(jobs, train_stream: Tensor, threads: int, device: torch.device,
 
 
 def _train_tasks(ray, jobs, train_stream, threads, device, log) -> set[Path]:
+    from attnbench.extrapolation import curves
+
     if device.type == "cuda":
         resources = {"num_gpus": 1, "num_cpus": 1}
     else:
         resources = {"num_cpus": threads, "num_gpus": 0}
     check_fits(ray, resources)
-    task = ray.remote(max_retries=0, **resources)(_train_task)
-    retry = ray.remote(max_retries=0, max_calls=1, **resources)(_train_task)
     stream = ray.put(train_stream)
     started = time.time()
-    pending = {task.remote(job, stream, threads, None): (job, 1) for job in jobs}
+    ends = tasks_with_one_retry(
+        ray,
+        _train_task,
+        jobs,
+        lambda job, attempt: (job, stream, threads, None if attempt == 1 else started),
+        resources,
+        on_retry=lambda job, why: log(
+            f"{job.variant.label} seed {job.seed}: {why}; retrying once in a fresh process"
+        ),
+    )
     done, failed, written = 0, [], set()
-    try:
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            job, attempt = pending.pop(ready[0])
-            name = f"{job.variant.label} seed {job.seed}"
-            try:
-                line, ckpt_bytes, curve_bytes = ray.get(ready[0])
-            except Exception as e:
-                text = str(e).strip()
-                reason = text.splitlines()[0][:200] if text else type(e).__name__
-                if attempt == 1:
-                    log(f"{name}: {type(e).__name__}: {reason}; retrying once in a fresh process")
-                    pending[retry.remote(job, stream, threads, started)] = (job, 2)
-                    continue
-                failed.append(f"{name} ({type(e).__name__}: {reason})")
-                line = f"{name}: FAILED twice"
-            else:
-                from attnbench.extrapolation import curves
-
-                _put(job.path, ckpt_bytes)
-                _put(curves.curve_path(job.path), curve_bytes)
-                written.add(job.path)
-                done += 1
-            log(f"[{done} done, {len(pending)} running, {len(failed)} failed of {len(jobs)}] "
-                f"{line}")  # fmt: skip
-    except KeyboardInterrupt:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        raise
+    for end in ends:
+        job = end.job
+        name = f"{job.variant.label} seed {job.seed}"
+        if end.error is not None:
+            failed.append(f"{name} ({error_reason(end.error)})")
+            line = f"{name}: FAILED twice"
+        else:
+            line, ckpt_bytes, curve_bytes = end.result
+            write_bytes_once(job.path, ckpt_bytes)
+            write_bytes_once(curves.curve_path(job.path), curve_bytes)
+            written.add(job.path)
+            done += 1
+        log(f"[{done} done, {end.pending} running, {len(failed)} failed of {len(jobs)}] "
+            f"{line}")  # fmt: skip
     if failed:
         raise AttnbenchError(
             f"{len(failed)} of {len(jobs)} trainings failed twice: {'; '.join(failed)}; the "

@@ -98,12 +98,12 @@ def sdpa_with_backend(
 
 
 def backend_path(backend: str, *, enable_gqa: bool = False) -> Callable[..., Tensor]:
-    """A path function ``fn(q, k, v, *, causal, **params)`` running SDPA on ``backend`` alone
+    """A path function ``fn(q, k, v, *, causal)`` running SDPA on ``backend`` alone
     (dense softmax attention; ``enable_gqa`` for MQA/GQA, where K/V have fewer heads)."""
     if backend not in BACKENDS:
         raise AttnbenchError(f"unknown SDPA backend {backend!r}; accepted: {', '.join(BACKENDS)}")
 
-    def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **params: object) -> Tensor:
+    def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
         return sdpa_with_backend(backend, q, k, v, causal=causal, enable_gqa=enable_gqa)
 
     fn.__name__ = fn.__qualname__ = f"sdpa_{backend}"

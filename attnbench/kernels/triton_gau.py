@@ -1,7 +1,7 @@
 """Triton kernels for relu^2 attention (GAU, Hua et al. 2022, "Transformer Quality in Linear
 Time"), forward and backward.
 
-MUST EQUAL (the dense formula, written out in tests/test_triton_interpret.py):
+MUST EQUAL (the dense formula, written out in tests/kernels/test_triton_interpret.py):
 
     o_i = row_scale_i * sum_j mask_ij * relu(q_i . k_j)^2 * v_j
 

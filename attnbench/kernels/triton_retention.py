@@ -1,7 +1,7 @@
 """Triton kernel for chunkwise causal decayed linear attention: retention (Sun et al. 2023,
 RetNet) and, with gamma = 1, plain causal linear attention (Katharopoulos et al. 2020).
 
-MUST EQUAL (the dense parallel form, written out in tests/test_triton_interpret.py):
+MUST EQUAL (the dense parallel form, written out in tests/kernels/test_triton_interpret.py):
 
     o_t = sum_{s <= t} gamma_h^(t - s) (q_t . k_s) v_s          (reverse=False)
     o_t = sum_{s >= t} gamma_h^(s - t) (q_t . k_s) v_s          (reverse=True, anti-causal)

@@ -1,8 +1,12 @@
 """Config files: the one way attnbench reads TOML that users edit (speed suites and
-extrapolation presets), found by name or path, validated key by key into frozen dataclasses.
+extrapolation presets), found by name or path, then read key by key into frozen dataclasses by
+:func:`attnbench.runtime.schema.read_section`.
 
 Every error names the file, the line and the key, and says what is accepted (``tomllib`` reports
 the line of a syntax error but not of a key it parsed, so :class:`Lines` finds key lines itself).
+``--set SECTION.FIELD=VALUE`` (:func:`parse_settings`) is merged over a file's data before it is
+read (:meth:`SuiteText.with_settings`), so a value set there is checked like the file's and an
+error about it names the option instead of a line.
 
 Lookup of ``--suite NAME`` / ``--preset NAME``: a path that exists is used as is; a bare name
 ``speed`` is ``speed.toml`` in the folder shipped inside the package (``attnbench/data/suites/``,
@@ -12,11 +16,12 @@ top-level ``suites/`` is a link to that folder.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +104,10 @@ class Lines:
                 for inner in _INLINE_KEY.finditer(rest):
                     self._lines.setdefault(full + _split_key(inner.group(1)), number)
 
+    def has(self, path: tuple[str, ...]) -> bool:
+        """Whether ``path`` itself is written in the text (a key or a table header)."""
+        return path in self._lines
+
     def line(self, path: tuple[str, ...]) -> int | None:
         """The line of ``path``, else of its closest enclosing key or table."""
         for end in range(len(path), 0, -1):
@@ -109,17 +118,56 @@ class Lines:
 
 @dataclass(frozen=True)
 class SuiteText:
-    """A parsed suite file: its data, where its keys are, and its hash for the sidecar."""
+    """A parsed config file: its data, where its keys are, its hash for the sidecar, and the
+    keys set on the command line over it (:meth:`with_settings`)."""
 
-    path: Path
+    path: Path | None
     data: dict[str, Any]
     lines: Lines
     sha256: str
+    #: Key -> the option that set it (``--set train.lr=3e-4``): errors about it name that.
+    given: Mapping[tuple[str, ...], str] = field(default_factory=dict)
+
+    @classmethod
+    def command_line(cls, data: dict[str, Any]) -> SuiteText:
+        """Data from no file (a config built in code), to read with settings over it."""
+        return cls(None, data, Lines(""), "")
+
+    def is_given(self, key: tuple[str, ...]) -> bool:
+        """Whether ``key`` was set on the command line (its text is read by the field's type)."""
+        return key in self.given
 
     def error(self, key: tuple[str, ...], message: str) -> AttnbenchError:
+        """``FILE line L: message``, or ``--set KEY=VALUE: message`` for a key set on the
+        command line (or inside a table set there)."""
+        for end in range(len(key), 0, -1):
+            if key[:end] in self.given:
+                return AttnbenchError(f"{self.given[key[:end]]}: {message}")
+        inside = [label for k, label in self.given.items() if k[: len(key)] == key]
+        if inside and not self.lines.has(key):  # a table only the command line wrote into
+            return AttnbenchError(f"{inside[-1]}: {message}")
         line = self.lines.line(key)
-        where = f"{self.path}" + (f" line {line}" if line else "")
-        return AttnbenchError(f"{where}: {message}")
+        where = [str(self.path)] if self.path is not None else []
+        where += [f"line {line}"] if line else []
+        return AttnbenchError(f"{' '.join(where)}: {message}" if where else message)
+
+    def with_settings(self, settings: Sequence[Setting]) -> SuiteText:
+        """The data with each setting merged in at its key (tables created as needed), in
+        order, before anything is checked."""
+        data = copy.deepcopy(self.data)
+        given = dict(self.given)
+        for s in settings:
+            table = data
+            for end in range(1, len(s.key)):
+                table = table.setdefault(s.key[end - 1], {})
+                if not isinstance(table, dict):
+                    raise AttnbenchError(
+                        f"{s.label}: {'.'.join(s.key[:end])} is not a table; "
+                        "accepted: SECTION.FIELD=VALUE"
+                    )
+            table[s.key[-1]] = s.value
+            given[s.key] = s.label
+        return replace(self, data=data, given=given)
 
 
 def load(path: Path, what: str = "suite") -> SuiteText:
@@ -177,85 +225,33 @@ def _unclosed_line(text: str) -> int | None:
 
 
 # --------------------------------------------------------------------------------------------
-# Key schemas
+# Settings from the command line: --set SECTION.FIELD=VALUE
 # --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Key:
-    """One accepted key of a suite table: its type, default, meaning (for the README) and check.
+class Setting:
+    """One value set on the command line: where (``("train", "lr")``), the value (text, read
+    by the field's type, see :func:`attnbench.runtime.schema.from_text`; or a value given by a
+    typed option) and the words that set it, which name it in errors (``--set train.lr=3e-4``)."""
 
-    ``kind``: ``str``, ``int``, ``float``, ``bool``, ``list[str]``, ``list[int]``,
-    ``list[bool]``, ``table[int]`` (names to integers), or ``table`` (free, checked by the caller).
-    """
-
-    kind: str
-    default: Any
-    doc: str
-    accepted: str = ""
-    valid: Callable[[Any], bool] | None = None
+    key: tuple[str, ...]
+    value: Any
+    label: str
 
 
-def _is(kind: str, value: Any) -> bool:
-    scalar = {
-        "str": lambda v: isinstance(v, str),
-        "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-        "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-        "bool": lambda v: isinstance(v, bool),
-    }
-    if kind in scalar:
-        return scalar[kind](value)
-    if kind.startswith("list["):
-        inner = kind[5:-1]
-        return isinstance(value, list) and all(scalar[inner](v) for v in value)
-    if kind == "table[int]":
-        return isinstance(value, dict) and all(scalar["int"](v) for v in value.values())
-    if kind == "table":
-        return isinstance(value, dict)
-    raise ValueError(kind)
-
-
-_KIND_WORDS = {
-    "str": "a string",
-    "int": "an integer",
-    "float": "a number",
-    "bool": "true or false",
-    "list[str]": "a list of strings",
-    "list[int]": "a list of integers",
-    "list[bool]": "a list of true/false",
-    "table[int]": "a table of integers",
-    "table": "a table",
-}
-
-
-def read_table(
-    suite: SuiteText,
-    table: Mapping[str, Any],
-    schema: Mapping[str, Key],
-    where: tuple[str, ...],
-) -> dict[str, Any]:
-    """Validate ``table`` against ``schema``; returns every key, defaults filled in."""
-    label = f"[{'.'.join(where)}] " if where else ""
-    for key in table:
-        if key not in schema:
-            err = unknown(f"key in {label.strip() or 'the top level'}", key, list(schema))
-            raise suite.error((*where, key), str(err))
-    out = {}
-    for key, spec in schema.items():
-        if key not in table:
-            out[key] = spec.default
-            continue
-        value = table[key]
-        accepted = spec.accepted or _KIND_WORDS[spec.kind]
-        if not _is(spec.kind, value):
-            raise suite.error(
-                (*where, key), f"{label}{key} = {value!r} is not accepted; accepted: {accepted}"
+def parse_settings(
+    items: Sequence[str] | None, option: str = "--set", example: str = "timing.rounds=5"
+) -> list[Setting]:
+    """``["timing.rounds=5", "grid.dtypes=bf16,fp16"]`` -> settings, in order (a later one
+    wins); an item that is not ``SECTION.FIELD=VALUE`` is an error naming it."""
+    out = []
+    for item in items or []:
+        name, sep, value = item.partition("=")
+        key = tuple(part.strip() for part in name.split("."))
+        if not sep or not all(key):
+            raise AttnbenchError(
+                f"{option} {item!r} is not SECTION.FIELD=VALUE (e.g. {option} {example})"
             )
-        if spec.kind == "float":
-            value = float(value)
-        if spec.valid is not None and not spec.valid(value):
-            raise suite.error(
-                (*where, key), f"{label}{key} = {value!r} is not accepted; accepted: {accepted}"
-            )
-        out[key] = value
+        out.append(Setting(key, value.strip(), f"{option} {'.'.join(key)}={value.strip()}"))
     return out

@@ -84,8 +84,6 @@ def flash_reference(
     causal: bool,
     chunk: int,
     norm: str,
-    s: int,
-    expansion: int,
     q_lin: Tensor,
     k_lin: Tensor,
 ) -> Tensor:
@@ -214,8 +212,6 @@ def flash_efficient(
     causal: bool,
     chunk: int,
     norm: str,
-    s: int,
-    expansion: int,
     q_lin: Tensor,
     k_lin: Tensor,
 ) -> Tensor:
@@ -255,8 +251,6 @@ def flash_triton(
     causal: bool,
     chunk: int,
     norm: str,
-    s: int,
-    expansion: int,
     q_lin: Tensor,
     k_lin: Tensor,
 ) -> Tensor:

@@ -94,7 +94,7 @@ def tiled(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, tile: int) -> Tensor
     return _FlashTiled.apply(q, k, v, causal, tile)
 
 
-def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, tile: int) -> Tensor:
+def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
     """The dense softmax attention flash-tiled must equal. q, k, v: [B, H, T, D]."""
     return softmax_reference(q, k, v, causal=causal)
 

@@ -20,13 +20,13 @@ from attnbench.kernels.sdpa import backend_path, backend_paths
 from attnbench.variants.dense import causal_mask, softmax_attention
 
 
-def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, kv_heads: int = 1) -> Tensor:
+def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
     """K/V repeated per head, then dense softmax attention. q [B,H,T,D], k/v [B,Hkv,T,D]."""
     mask = causal_mask(q.shape[-2], k.shape[-2], q.device) if causal else None
     return softmax_attention(q, k, v, mask=mask)
 
 
-def sdpa(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, kv_heads: int = 1) -> Tensor:
+def sdpa(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
     """SDPA with ``enable_gqa``: the kernels index the shared K/V head, no per-head copy."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 

@@ -94,7 +94,6 @@ def reference(
     feature_map: str,
     normalize: bool,
     eps: float,
-    chunk: int,
 ) -> Tensor:
     """Dense T x T scores phi(Q) phi(K)^T. q, k: [B, H, T, D], v: [B, H, T, Dv] -> [B, H, T, Dv].
     Half inputs are computed in float32, as every path here is: the normaliser's row sum passes
@@ -161,7 +160,6 @@ def recurrent(
     feature_map: str,
     normalize: bool,
     eps: float,
-    chunk: int,
 ) -> Tensor:
     """The RNN form, one position at a time. q, k, v: [B, H, T, D] -> [B, H, T, Dv]."""
     fq, fk, vv = phi(q, feature_map), phi(k, feature_map), _values(v, normalize)
@@ -208,7 +206,6 @@ def triton(
     feature_map: str,
     normalize: bool,
     eps: float,
-    chunk: int,
 ) -> Tensor:
     """Causal: the sum by the Triton chunkwise kernel (gamma = 1) on phi(Q), phi(K); the
     normaliser phi(Q_t) . sum_{s<=t} phi(K_s) in float32 (:func:`prefix_sum`; O(T d); it grows

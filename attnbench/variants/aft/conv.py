@@ -63,7 +63,6 @@ def reference(
     v: Tensor,
     *,
     causal: bool,
-    s: int,
     kernel: Tensor,
     gamma: Tensor,
     beta: Tensor,

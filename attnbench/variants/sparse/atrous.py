@@ -18,10 +18,10 @@ import torch
 from torch import Tensor
 
 from attnbench.core import sources
-from attnbench.core.spec import Mechanism, PathSpec, positive_int
-from attnbench.kernels.flex import flex_fused
+from attnbench.core.spec import positive_int
 from attnbench.variants.sparse.common import masked_reference, residue_count
 from attnbench.variants.sparse.engine import Part, Residue, attend
+from attnbench.variants.sparse.record import sparse_mechanism
 
 
 def visible(i: Tensor, j: Tensor, n: int, causal: bool, params: Mapping[str, Any]) -> Tensor:
@@ -48,25 +48,18 @@ def by_residue(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, r: int) -> Tens
     return attend(q, k, v, [Part(classes, classes)], lambda i, j: visible(i, j, n, causal, params))
 
 
-MECHANISM = Mechanism(
+MECHANISM = sparse_mechanism(
     name="atrous",
-    family="sparse",
     description="Atrous (dilated) attention: query i sees key j when i - j is a multiple of r",
     sources=(sources.SU_2019_SPARSE, sources.CHILD_2019),
     params=(positive_int("r", 8, "dilation rate: keys every r positions (Su 2019's k)"),),
-    paths=(
-        PathSpec("reference", "reference", reference, memory="O(n^2)"),
-        PathSpec(
-            "efficient",
-            "efficient",
-            by_residue,
-            memory="O(n^2 / r)",
-            note="dense attention within residue classes mod r (a transposed view)",
-        ),
-        flex_fused(visible, note="FlexAttention; r < 256 leaves no 128-block empty: dense work"),
-    ),
     visible=visible,
     pair_count=pair_count,
+    reference=reference,
+    efficient=by_residue,
+    efficient_memory="O(n^2 / r)",
+    efficient_note="dense attention within residue classes mod r (a transposed view)",
+    flex_note="FlexAttention; r < 256 leaves no 128-block empty: dense work",
     time="O(n^2 d / r)",
     memory="O(n^2 / r)",
 )

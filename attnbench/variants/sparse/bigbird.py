@@ -32,10 +32,10 @@ import torch
 from torch import Tensor
 
 from attnbench.core import sources
-from attnbench.core.spec import Mechanism, Param, PathSpec, positive_int
-from attnbench.kernels.flex import flex_fused
+from attnbench.core.spec import Param, positive_int
 from attnbench.variants.sparse.common import masked_reference
 from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part, attend, ceil_div
+from attnbench.variants.sparse.record import sparse_mechanism
 
 KEYS = ("block", "window_blocks", "global_blocks", "random_blocks", "seed")
 
@@ -193,9 +193,8 @@ def _nonneg(name: str, default: int, help: str) -> Param:
     return Param(name, default, help, accepted="an integer >= 0", valid=lambda x: x >= 0)
 
 
-MECHANISM = Mechanism(
+MECHANISM = sparse_mechanism(
     name="bigbird",
-    family="sparse",
     description="BigBird: block window + global first/last blocks + random blocks per row",
     sources=(sources.ZAHEER_2020,),
     params=(
@@ -211,19 +210,13 @@ MECHANISM = Mechanism(
         _nonneg("random_blocks", 3, "random key blocks per query block"),
         _nonneg("seed", 0, "seed of the random blocks (the pattern is reproducible)"),
     ),
-    paths=(
-        PathSpec("reference", "reference", reference, memory="O(n^2)"),
-        PathSpec(
-            "efficient",
-            "efficient",
-            efficient,
-            memory="O(n * block * (window + 2 globals + random))",
-            note="band + global columns + gathered random blocks + global rows, lse-merged",
-        ),
-        flex_fused(visible, note="FlexAttention, window ∪ global ∪ random blocks as a BlockMask"),
-    ),
     visible=visible,
     pair_count=pair_count,
+    reference=reference,
+    efficient=efficient,
+    efficient_memory="O(n * block * (window + 2 globals + random))",
+    efficient_note="band + global columns + gathered random blocks + global rows, lse-merged",
+    flex_note="FlexAttention, window ∪ global ∪ random blocks as a BlockMask",
     time="O(n b (w + 2g + r) d)",
     memory="O(n b (w + 2g + r))",
 )

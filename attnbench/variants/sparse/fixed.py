@@ -19,10 +19,10 @@ import torch
 from torch import Tensor
 
 from attnbench.core import sources
-from attnbench.core.spec import Mechanism, PathSpec, positive_int
-from attnbench.kernels.flex import flex_fused
+from attnbench.core.spec import positive_int
 from attnbench.variants.sparse.common import masked_reference, rows
 from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part, attend
+from attnbench.variants.sparse.record import sparse_mechanism
 
 
 def visible(i: Tensor, j: Tensor, n: int, causal: bool, params: Mapping[str, Any]) -> Tensor:
@@ -76,9 +76,8 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, s: int, c: int) 
     return attend(q, k, v, parts, lambda i, j: visible(i, j, n, causal, params))
 
 
-MECHANISM = Mechanism(
+MECHANISM = sparse_mechanism(
     name="fixed",
-    family="sparse",
     description="Sparse Transformer fixed: own block of s plus the last c of every block",
     sources=(sources.CHILD_2019,),
     params=(
@@ -86,19 +85,13 @@ MECHANISM = Mechanism(
         positive_int("c", 8, "summary positions at the end of each block, 1 <= c < s"),
     ),
     check_params=check_params,
-    paths=(
-        PathSpec("reference", "reference", reference, memory="O(n^2)"),
-        PathSpec(
-            "efficient",
-            "efficient",
-            efficient,
-            memory="O(n * (s + n c / s))",
-            note="block part + summary-column part, merged by log-sum-exp",
-        ),
-        flex_fused(visible, note="FlexAttention, own block ∪ summary columns as a BlockMask"),
-    ),
     visible=visible,
     pair_count=pair_count,
+    reference=reference,
+    efficient=efficient,
+    efficient_memory="O(n * (s + n c / s))",
+    efficient_note="block part + summary-column part, merged by log-sum-exp",
+    flex_note="FlexAttention, own block ∪ summary columns as a BlockMask",
     time="O(n (s + n c/s) d)",
     memory="O(n (s + n c/s))",
 )

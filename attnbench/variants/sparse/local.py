@@ -20,14 +20,14 @@ from torch import Tensor
 
 from attnbench.core import sources
 from attnbench.core.capabilities import CUDA, FLA_CORE, LOCAL_ATTENTION, XFORMERS
-from attnbench.core.spec import Mechanism, PathSpec, positive_int
-from attnbench.kernels.flex import flex_fused
+from attnbench.core.spec import PathSpec, positive_int
 from attnbench.kernels.triton_ops import REQUIRES
 from attnbench.libraries.fla import softmax_attention as fla_softmax
 from attnbench.libraries.local_attention import local_attention
 from attnbench.libraries.xformers import memory_efficient
 from attnbench.variants.sparse.common import band_block, masked_reference, window_count
 from attnbench.variants.sparse.engine import Band, Blocks, Part, attend, ceil_div
+from attnbench.variants.sparse.record import sparse_mechanism
 
 
 def visible(i: Tensor, j: Tensor, n: int, causal: bool, params: Mapping[str, Any]) -> Tensor:
@@ -57,24 +57,23 @@ def banded(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Ten
     return attend(q, k, v, [part], lambda i, j: visible(i, j, n, causal, params))
 
 
-MECHANISM = Mechanism(
+MECHANISM = sparse_mechanism(
     name="local",
-    family="sparse",
     description="Local attention: each query sees the keys within `window` positions",
     sources=(sources.SU_2019_SPARSE, sources.BELTAGY_2020),
     params=(
         positive_int("window", 64, "keys on each side (only behind when causal); Su 2019's k"),
     ),
-    paths=(
-        PathSpec("reference", "reference", reference, memory="O(n^2)"),
-        PathSpec(
-            "efficient",
-            "efficient",
-            banded,
-            memory="O(n * window)",
-            note="query blocks against strided key-block windows; chunked, custom backward",
-        ),
-        flex_fused(visible, note="FlexAttention, window rule as a cached BlockMask"),
+    visible=visible,
+    pair_count=pair_count,
+    reference=reference,
+    efficient=banded,
+    efficient_memory="O(n * window)",
+    efficient_note="query blocks against strided key-block windows; chunked, custom backward",
+    flex_note="FlexAttention, window rule as a cached BlockMask",
+    time="O(n w d)",
+    memory="O(n w)",
+    more_paths=(
         PathSpec(
             "local-attention",
             "efficient",
@@ -100,8 +99,4 @@ MECHANISM = Mechanism(
             note="xFormers' memory_efficient_attention, LocalAttentionFromBottomRightMask",
         ),
     ),
-    visible=visible,
-    pair_count=pair_count,
-    time="O(n w d)",
-    memory="O(n w)",
 )

@@ -39,10 +39,11 @@ import torch
 from torch import Tensor
 
 from attnbench.core import sources
-from attnbench.core.spec import Mechanism, Param, PathSpec, Shape
-from attnbench.kernels.flex import ScoreMod, flex_fused
+from attnbench.core.spec import Param, Shape
+from attnbench.kernels.flex import ScoreMod
 from attnbench.variants.dense import softmax_attention
 from attnbench.variants.sparse.engine import Dilated, Part, attend
+from attnbench.variants.sparse.record import sparse_mechanism
 
 Segments = tuple[tuple[int, int], ...]
 DEFAULT: Segments = ((256, 1), (512, 2), (1024, 4), (2048, 8))
@@ -195,9 +196,8 @@ def log_multiplicity(n: int, causal: bool, params: Mapping[str, Any]) -> ScoreMo
     return score_mod
 
 
-MECHANISM = Mechanism(
+MECHANISM = sparse_mechanism(
     name="longnet",
-    family="sparse",
     description="LongNet dilated attention: (segment w, dilation r) branches, lse-weighted",
     sources=(sources.DING_2023,),
     params=(
@@ -211,21 +211,15 @@ MECHANISM = Mechanism(
             show=format_segments,
         ),
     ),
-    paths=(
-        PathSpec("reference", "reference", reference, memory="O(branches * n^2)"),
-        PathSpec(
-            "efficient",
-            "efficient",
-            dilated,
-            memory="O(n * sum(w / r^2))",
-            note="per branch: dense inside dilated segments (views); branches lse-merged",
-        ),
-        flex_fused(
-            visible, log_multiplicity, note="FlexAttention, union mask + log-multiplicity bias"
-        ),
-    ),
     visible=visible,
     pair_count=pair_count,
+    reference=reference,
+    reference_memory="O(branches * n^2)",
+    efficient=dilated,
+    efficient_memory="O(n * sum(w / r^2))",
+    efficient_note="per branch: dense inside dilated segments (views); branches lse-merged",
+    score_mod=log_multiplicity,
+    flex_note="FlexAttention, union mask + log-multiplicity bias",
     flops=flops,
     time="O(n sum(w/r^2) d)",
     memory="O(n sum(w/r^2))",

@@ -20,10 +20,10 @@ import torch
 from torch import Tensor
 
 from attnbench.core import sources
-from attnbench.core.spec import Mechanism, PathSpec, positive_int
-from attnbench.kernels.flex import flex_fused
+from attnbench.core.spec import positive_int
 from attnbench.variants.sparse.common import band_and_residue_count, band_block, masked_reference
 from attnbench.variants.sparse.engine import Band, Blocks, Part, Residue, attend, ceil_div
+from attnbench.variants.sparse.record import sparse_mechanism
 
 
 def visible(i: Tensor, j: Tensor, n: int, causal: bool, params: Mapping[str, Any]) -> Tensor:
@@ -65,28 +65,21 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int, r: 
     return band_plus_residue(q, k, v, causal, window, r, rule)
 
 
-MECHANISM = Mechanism(
+MECHANISM = sparse_mechanism(
     name="sparse",
-    family="sparse",
     description="OpenAI sparse attention (Su 2019): local within `window` ∪ atrous every r",
     sources=(sources.SU_2019_SPARSE, sources.CHILD_2019),
     params=(
         positive_int("window", 64, "keys on each side seen densely (Su 2019's k)"),
         positive_int("r", 64, "beyond the window, keys every r positions (Su 2019's k)"),
     ),
-    paths=(
-        PathSpec("reference", "reference", reference, memory="O(n^2)"),
-        PathSpec(
-            "efficient",
-            "efficient",
-            efficient,
-            memory="O(n * (window + n / r))",
-            note="band part + residue-class part, merged by log-sum-exp",
-        ),
-        flex_fused(visible, note="FlexAttention, band ∪ residue rule as a cached BlockMask"),
-    ),
     visible=visible,
     pair_count=pair_count,
+    reference=reference,
+    efficient=efficient,
+    efficient_memory="O(n * (window + n / r))",
+    efficient_note="band part + residue-class part, merged by log-sum-exp",
+    flex_note="FlexAttention, band ∪ residue rule as a cached BlockMask",
     time="O(n (w + n/r) d)",
     memory="O(n (w + n/r))",
 )

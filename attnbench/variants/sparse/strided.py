@@ -16,10 +16,10 @@ import torch
 from torch import Tensor
 
 from attnbench.core import sources
-from attnbench.core.spec import Mechanism, PathSpec, positive_int
-from attnbench.kernels.flex import flex_fused
+from attnbench.core.spec import positive_int
 from attnbench.variants.sparse.common import band_and_residue_count, masked_reference
 from attnbench.variants.sparse.openai_sparse import band_plus_residue
+from attnbench.variants.sparse.record import sparse_mechanism
 
 
 def visible(i: Tensor, j: Tensor, n: int, causal: bool, params: Mapping[str, Any]) -> Tensor:
@@ -47,25 +47,18 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, s: int) -> Tenso
     return band_plus_residue(q, k, v, causal, s - 1, s, rule)
 
 
-MECHANISM = Mechanism(
+MECHANISM = sparse_mechanism(
     name="strided",
-    family="sparse",
     description="Sparse Transformer strided: i sees j if |i-j| < s or (i-j) mod s = 0",
     sources=(sources.CHILD_2019,),
     params=(positive_int("s", 64, "stride, ~sqrt(n) in the paper"),),
-    paths=(
-        PathSpec("reference", "reference", reference, memory="O(n^2)"),
-        PathSpec(
-            "efficient",
-            "efficient",
-            efficient,
-            memory="O(n * (s + n / s))",
-            note="band part + residue-class part, merged by log-sum-exp",
-        ),
-        flex_fused(visible, note="FlexAttention, band ∪ residue rule as a cached BlockMask"),
-    ),
     visible=visible,
     pair_count=pair_count,
+    reference=reference,
+    efficient=efficient,
+    efficient_memory="O(n * (s + n / s))",
+    efficient_note="band part + residue-class part, merged by log-sum-exp",
+    flex_note="FlexAttention, band ∪ residue rule as a cached BlockMask",
     time="O(n (s + n/s) d)",
     memory="O(n (s + n/s))",
 )

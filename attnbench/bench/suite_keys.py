@@ -1,0 +1,204 @@
+"""The keys of a speed suite file (TOML; documented in docs/speed.md, section "Speed suite
+files"): one frozen dataclass per table (:mod:`attnbench.runtime.schema`), the single list of
+accepted keys, their types, defaults, meaning and what each accepts. Read by
+:func:`attnbench.bench.config.parse_suite`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, get_args
+
+import torch
+
+from attnbench.core.spec import PATH_KINDS, PathKind
+from attnbench.measure.timing import CLOCKS, ORDERS
+from attnbench.runtime.schema import Checked, Invalid, above, at_least, setting, within
+
+Device = Literal["auto", "cpu", "cuda"]
+Direction = Literal["fwd", "fwdbwd"]
+DtypeName = Literal["float32", "fp32", "float64", "fp64", "bfloat16", "bf16", "float16", "fp16"]
+Order = Literal[ORDERS]  # measure.timing's orders
+ClockKind = Literal[CLOCKS]
+
+DIRECTIONS: tuple[str, ...] = get_args(Direction)
+DEVICES: tuple[str, ...] = get_args(Device)
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float64": torch.float64,
+    "fp64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+#: The longest sequence a sweep accepts: 2^31 - 1, the int32 index range of the kernels (and far
+#: beyond any machine's memory at any head dim); a longer one overflows tensor creation.
+MAX_LENGTH = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Grid(Checked):
+    """``[grid]``: what is measured."""
+
+    mechanisms: tuple[str, ...] = setting(
+        ("*",),
+        'mechanism names, `NAME:PATH` for one path, or `"*"` for every registered mechanism',
+        accepted='a non-empty list of names, NAME:PATH, or "*"',
+        non_empty=True,
+    )
+    exclude: tuple[str, ...] = setting((), "names or `NAME:PATH` to leave out")
+    path_kinds: tuple[PathKind, ...] = setting(
+        PATH_KINDS,
+        "which kinds of path to run for a mechanism named without a path",
+        non_empty=True,
+    )
+    device: Device = setting("auto", "`auto` (CUDA when visible, else CPU), `cpu` or `cuda`")
+    dtypes: tuple[DtypeName, ...] = setting(
+        ("float32",),
+        "float32, float64, bfloat16, float16",
+        accepted="a non-empty list from float32, float64, bfloat16, float16",
+        non_empty=True,
+    )
+    directions: tuple[Direction, ...] = setting(
+        DIRECTIONS, "`fwd` (forward, no grad) and/or `fwdbwd` (forward + backward)", non_empty=True
+    )
+    causal: tuple[bool, ...] = setting(
+        (False, True), "`false` (bidirectional) and/or `true` (causal)", non_empty=True
+    )
+    lengths: tuple[int, ...] = setting(
+        (256, 1024),
+        "sequence lengths n, measured in increasing order",
+        valid=within(1, MAX_LENGTH),
+        non_empty=True,
+    )
+    reference: str = setting(
+        "softmax:efficient",
+        'the `NAME:PATH` every time is divided by, measured in the same rounds; `""` for none',
+    )
+
+
+@dataclass(frozen=True)
+class Shape(Checked):
+    """``[shape]``: the tensor shape of each case."""
+
+    batch: int = setting(1, "batch size B", valid=at_least(1))
+    tokens: int = setting(
+        0,
+        "if > 0: B = max(1, tokens // n) instead of `batch` (flash-attention's 16k-token sweep)",
+        valid=at_least(0),
+    )
+    heads: int = setting(4, "query heads H", valid=at_least(1))
+    hidden: int = setting(
+        0, "if > 0: H = hidden // head_dim instead of `heads` (must divide)", valid=at_least(0)
+    )
+    head_dims: tuple[int, ...] = setting(
+        (64,), "head dimensions D (= Dv)", valid=at_least(1), non_empty=True
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for head_dim in self.head_dims:
+            if self.hidden and self.hidden % head_dim:
+                raise Invalid(
+                    "hidden",
+                    f"hidden = {self.hidden} is not divisible by head_dim {head_dim}; "
+                    "accepted: a multiple of every head_dim",
+                )
+
+
+@dataclass(frozen=True)
+class Limits(Checked):
+    """``[limits]``: lengths not to attempt."""
+
+    max_len: dict[PathKind, int] = setting(
+        {},
+        "longest n per path kind, e.g. `{ reference = 1024 }` (dense n x n oracles); "
+        "an explicit `--lengths` lifts these",
+        accepted="a table from path kinds (reference, efficient, fused) to integers >= 1",
+        valid=at_least(1),
+    )
+    max_call_s: float = setting(
+        0.0,
+        "when one call of a case takes longer than this (seconds), or the next length's call "
+        "is predicted to (time x (n'/n)^2), its longer lengths are skipped with a row saying "
+        "so; 0: no limit",
+        valid=at_least(0),
+    )
+
+
+@dataclass(frozen=True)
+class Timing(Checked):
+    """``[timing]``: warm-up, rounds, threads, calibration."""
+
+    threads: int = setting(
+        0, "torch CPU threads, fixed for the run and recorded; 0: one per logical core",
+        valid=at_least(0),
+    )  # fmt: skip
+    warmup_calls: int = setting(
+        2, "untimed calls at least (the first compiles/autotunes)", valid=at_least(1)
+    )
+    warmup_s: float = setting(0.05, "and untimed seconds at least", valid=at_least(0))
+    rounds: int = setting(
+        5, "timed rounds at most (one sample per case a round)", valid=at_least(1)
+    )
+    min_rounds: int = setting(3, "timed rounds at least", valid=at_least(1))
+    block_s: float = setting(
+        0.005, "a sample averages enough calls to last this long", valid=at_least(0)
+    )
+    group_budget_s: float = setting(
+        4.0,
+        "timed rounds stop once one length's group has taken this long (seconds; after "
+        "min_rounds, before rounds)",
+        valid=above(0),
+    )
+    matmul_size: int = setting(
+        2048, "size of the square matmul timed for the roofline", valid=at_least(1)
+    )
+    retain_memory: bool = setting(
+        False,
+        "keep freed memory in the process (glibc), so no call pays the kernel for fresh pages: "
+        "steadier CPU times for paths that allocate big temporaries (the CI grid uses it)",
+    )
+    order: Order = setting(
+        "rotate",
+        "the order of each timed round: `rotate` (the matmul and the cases, one place further "
+        "on each round, so none keeps a position), `fixed`, `reversed` or `shuffle` (seeded); "
+        "for checking that a ratio does not depend on the order",
+    )
+    clock: ClockKind = setting(
+        "wall",
+        "`wall` (elapsed time; CUDA events on a GPU) or `cpu` (CPU time of the process: immune "
+        "to being descheduled on a busy machine; CPU device only)",
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.min_rounds > self.rounds:
+            raise Invalid(
+                "min_rounds",
+                f"min_rounds = {self.min_rounds} exceeds rounds = {self.rounds}; "
+                "accepted: min_rounds <= rounds",
+            )
+
+
+@dataclass(frozen=True)
+class SuiteFile(Checked):
+    """A speed suite file: two keys at the top, then its tables."""
+
+    name: str = setting("", "name written in every row's `suite` column (default: the file name)")
+    description: str = setting("", "one line saying what the suite is for")
+    grid: Grid = setting(Grid, "what is measured")
+    shape: Shape = setting(Shape, "the tensor shape of each case")
+    limits: Limits = setting(Limits, "lengths not to attempt")
+    timing: Timing = setting(Timing, "warm-up, rounds, threads, calibration")
+    params: dict[str, dict[str, Any]] = setting(
+        {},
+        "parameter overrides: `[params.NAME]` then `key = value`",
+        accepted="tables of parameters, e.g. [params.NAME]",
+    )
+
+
+#: The tables of a suite file, for ``--set SECTION.FIELD=VALUE`` (``params.NAME.KEY`` too).
+SECTIONS = ("grid", "shape", "limits", "timing", "params")

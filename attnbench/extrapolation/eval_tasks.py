@@ -1,0 +1,205 @@
+"""The run's evaluations as picklable tasks (:class:`EvalTask`: a trained checkpoint, an
+eval-time row on the trained O's weights, or the count baseline), and the tidy rows they give:
+one per (variant, seed, length), with ``status`` ``ok``, or ``error`` and the reason when a
+mechanism cannot run at that length (never a dropped row or a bare NaN).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnbench.core.errors import AttnbenchError
+from attnbench.extrapolation import baseline
+from attnbench.extrapolation.config import EvalTimeVariant, ExtrapConfig, TrainedVariant, spec_json
+from attnbench.extrapolation.evaluate import EvalStream, evaluate
+from attnbench.extrapolation.model import MLMEncoder, build_model
+from attnbench.extrapolation.plan import Plan
+from attnbench.extrapolation.train import load_checkpoint
+from attnbench.extrapolation.tricks import TrickMixer
+
+#: The row key holding a row's per-piece (masked, correct) counts, written to pieces.csv.
+PIECES = "_pieces"
+
+
+def _row(cfg, label, kind, seed, res, ckpt, **extra) -> dict[str, Any]:
+    row = {
+        "variant": label,
+        "kind": kind,
+        "seed": seed,
+        "train_len": cfg.model.train_len,
+        "eval_len": res.n,
+        "accuracy": res.accuracy,
+        "loss": res.loss,
+        "masked_tokens": res.masked,
+        "windows": res.windows,
+        "eval_tokens": res.tokens,
+        "train_time_s": round(ckpt["train_time_s"], 2),
+        "train_steps": ckpt["step"],
+        "eval_time_s": round(res.seconds, 3),
+        "status": "ok",
+        "reason": "",
+        **extra,
+        PIECES: (res.piece_masked, res.piece_correct),  # not a CSV column: pieces.csv
+    }
+    for i, h in enumerate(res.entropy):
+        row[f"entropy_l{i}"] = h
+    return row
+
+
+def baseline_rows(cfg: ExtrapConfig, train: Tensor, stream: EvalStream) -> list[dict[str, Any]]:
+    """The count baseline (:mod:`attnbench.extrapolation.baseline`) at every evaluation length,
+    on the same windows and masks as the models: one row per length, no seed."""
+    started = time.perf_counter()
+    counts = baseline.ContextCounts(train)
+    rows = []
+    for n in cfg.eval.lengths:
+        tokens, mask = stream.windows(n)
+        correct, masked = counts.accuracy(tokens, mask)
+        rows.append(
+            {
+                "variant": baseline.LABEL,
+                "kind": "baseline",
+                "applied_to": "",
+                "mechanism": "",
+                "path": "",
+                "params": "",
+                "note": baseline.describe(counts.width),
+                "seed": None,
+                "train_len": cfg.model.train_len,
+                "eval_len": n,
+                "accuracy": 100.0 * correct / max(1, masked),
+                "loss": None,  # a count table has no probabilities to score
+                "masked_tokens": masked,
+                "windows": tokens.shape[0],
+                "eval_tokens": tokens.numel(),
+                "eval_time_s": round(time.perf_counter() - started, 3),
+                "status": "ok",
+                "reason": "",
+            }
+        )
+    return rows
+
+
+def _failed_row(cfg, label, kind, seed, n, ckpt, reason, **extra) -> dict[str, Any]:
+    return {
+        "variant": label,
+        "kind": kind,
+        "seed": seed,
+        "train_len": cfg.model.train_len,
+        "eval_len": n,
+        "train_time_s": round(ckpt["train_time_s"], 2),
+        "train_steps": ckpt["step"],
+        "status": "error",
+        "reason": reason,
+        **extra,
+    }
+
+
+def _eval_all(cfg, log, model, label, kind, seed, ckpt, stream, chunk=None, **extra):
+    extra["model_params"] = model.num_params()
+    rows = []
+    for n in cfg.eval.lengths:
+        try:
+            res = evaluate(
+                model,
+                stream,
+                n,
+                chunk=chunk,
+                batch_tokens=cfg.eval.batch_tokens,
+                entropy_tokens=cfg.eval.entropy_tokens,
+            )
+        except (AttnbenchError, RuntimeError) as e:  # a mechanism that cannot run at this n
+            reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            log(f"{label} seed {seed} n={n}: {reason}")
+            rows.append(_failed_row(cfg, label, kind, seed, n, ckpt, reason, **extra))
+            continue
+        rows.append(_row(cfg, label, kind, seed, res, ckpt, **extra))
+    accs = " ".join(f"{r['accuracy']:.1f}" if r["status"] == "ok" else "err" for r in rows)
+    log(f"  {label:<14} seed {seed}: accuracy {accs}")
+    return rows
+
+
+def _evaluate_trained(cfg, log, v: TrainedVariant, seed, ckpt, stream, device) -> list[dict]:
+    model = build_model(cfg.model, v.spec)
+    model.load_state_dict(ckpt["model"])
+    model.to(device)
+    return _eval_all(
+        cfg,
+        log,
+        model,
+        v.label,
+        "trained",
+        seed,
+        ckpt,
+        stream,
+        applied_to="",
+        mechanism=v.spec.mechanism,
+        path=v.spec.path or "",
+        params=spec_json(v.spec),
+        note="",
+    )
+
+
+def _evaluate_eval_time(cfg, log, ev: EvalTimeVariant, seed, ckpt, stream, device) -> list[dict]:
+    tricks = ev.tricks
+    model = MLMEncoder(
+        cfg.model,
+        lambda c, i: TrickMixer(c.d_model, c.heads, tricks, rope_base=c.rope_base),
+    )
+    model.load_state_dict(ckpt["model"])  # strict: the O weights, unchanged
+    model.to(device)
+    return _eval_all(
+        cfg,
+        log,
+        model,
+        ev.label,
+        "eval-time",
+        seed,
+        ckpt,
+        stream,
+        chunk=cfg.model.train_len if tricks.chunk else None,
+        applied_to=ev.base,
+        mechanism="softmax",
+        path="dense (eval-time)",
+        params="",
+        note=tricks.describe(),
+    )
+
+
+@dataclass
+class EvalTask:
+    """One evaluation of the run (picklable, so a worker process can run it): a trained
+    checkpoint, an eval-time row on a trained O checkpoint, or the count baseline."""
+
+    cfg: ExtrapConfig
+    kind: str  # "trained", "eval-time" or "baseline"
+    variant: TrainedVariant | EvalTimeVariant | None
+    seed: int | None
+    path: Path | None  # the checkpoint
+    device: str
+
+    @classmethod
+    def for_checkpoint(cls, cfg, v, seed, path, eval_rows, device) -> list[EvalTask]:
+        """The trained variant's own evaluation, and on O every eval-time row."""
+        tasks = [cls(cfg, "trained", v, seed, path, device)]
+        if v.label == "O":
+            tasks += [cls(cfg, "eval-time", ev, seed, path, device) for ev in eval_rows]
+        return tasks
+
+    def run(self, stream: EvalStream, train_stream: Tensor, log) -> list[dict[str, Any]]:
+        if self.kind == "baseline":
+            return baseline_rows(self.cfg, train_stream, stream)
+        ckpt = load_checkpoint(self.path)
+        evaluate_one = _evaluate_trained if self.kind == "trained" else _evaluate_eval_time
+        device = torch.device(self.device)
+        return evaluate_one(self.cfg, log, self.variant, self.seed, ckpt, stream, device)
+
+
+def eval_task_count(plan: Plan, eval_rows) -> int:
+    return 1 + sum(1 + (len(eval_rows) if v.label == "O" else 0) for v, *_ in plan.entries)

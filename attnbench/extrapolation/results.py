@@ -1,0 +1,160 @@
+"""What an extrapolation run writes once its rows are in, beside ``extrapolate.csv`` (written
+as the rows come): ``pieces.csv`` (each row's per-piece counts), ``table.md`` (mean ± std over
+seeds, paired differences to O, Su 2021's published rows beside ours), the figure, and the JSON
+sidecar (command, config, corpus, evaluation span, versions, machine, git state).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnbench.extrapolation import baseline, curves, report
+from attnbench.extrapolation.config import ExtrapConfig
+from attnbench.extrapolation.eval_tasks import PIECES
+from attnbench.extrapolation.evaluate import EvalStream
+from attnbench.extrapolation.plan import RunInputs, RunOptions, threads_per_process
+from attnbench.measure import machine
+
+MASKING = (
+    "each position replaced by the [MASK] id independently with probability {p} (training and "
+    "evaluation alike); loss and accuracy over masked positions only; evaluation masks drawn once "
+    "over the held-out span (seed {seed}), the same for every variant, seed and length"
+)
+
+#: Each row's per-piece (masked, correct) counts (the rows' PIECES entries).
+PIECES_NAME = "pieces.csv"
+
+CSV_NAME, SIDECAR_NAME, TABLE_NAME, FIGURE_NAME = (
+    "extrapolate.csv",
+    "extrapolate.json",
+    "table.md",
+    "accuracy_vs_length.png",
+)
+
+
+def write_results(cfg: ExtrapConfig, opts: RunOptions, inputs: RunInputs, rows: list[dict],
+                  trainings: list[dict], curves_csv: Path | None, started: dt.datetime,
+                  device: torch.device) -> str:  # fmt: skip
+    """Write pieces.csv, table.md, the figure and the sidecar into ``opts.out``; returns the
+    table (Markdown). ``trainings``: each training's summary; ``curves_csv``: the combined
+    training curves, if any; ``started``: when the run started (UTC)."""
+    seeds, stream = inputs.seeds, inputs.stream
+    report.write_pieces(rows, PIECES, opts.out / PIECES_NAME)
+
+    lengths = list(cfg.eval.lengths)
+    summary = report.summarise(rows)
+    title = (
+        f"MLM accuracy (%) vs length, trained at L={cfg.model.train_len}, preset {cfg.preset}, "
+        f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}"
+    )
+    command = " ".join(["attnbench", *opts.argv[1:]]) if opts.argv else "attnbench"
+    table_md = _table_markdown(cfg, rows, summary, lengths, title, command, stream)
+    (opts.out / TABLE_NAME).write_text(table_md)
+    report.figure(summary, lengths, cfg.model.train_len, opts.out / FIGURE_NAME, title)
+    sidecar = _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command)
+    (opts.out / SIDECAR_NAME).write_text(json.dumps(sidecar, indent=1, default=str) + "\n")
+    return table_md
+
+
+def _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command) -> dict[str, Any]:
+    """The JSON sidecar: how the table was made, and on what."""
+    lengths, stream, seeds = list(cfg.eval.lengths), inputs.stream, inputs.seeds
+    corpus, split, notes = inputs.corpus, inputs.split, inputs.notes
+    variants, eval_rows = inputs.variants, inputs.eval_rows
+    return {
+        "suite": "extrapolate",
+        "command": command,
+        "argv": opts.argv,
+        "started": started.isoformat(),
+        "finished": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "config": cfg.plain(),
+        "corpus": corpus.describe() | split.describe(),
+        "evaluation": {
+            "span_tokens": stream.size,
+            "span_masked": int(stream.mask.sum()),
+            "span": stream.describe(),
+            "masking": MASKING.format(p=cfg.train.mask_prob, seed=cfg.eval.seed),
+            "windows": {str(n): stream.windows(n)[0].shape[0] for n in lengths},
+            "entropy": f"mean attention-row entropy (nats) per layer over the first "
+            f"{cfg.eval.entropy_tokens} tokens of the span (at least one window)",
+        },
+        "variants": [{"label": v.label, **v.spec.plain(), "kind": "trained"} for v in variants]
+        + [
+            {
+                "label": e.label,
+                "kind": "eval-time",
+                "applied_to": e.base,
+                "tricks": e.tricks.describe(),
+            }
+            for e in eval_rows
+        ],
+        "seeds": seeds,
+        "trainings": trainings,
+        "threads": threads_per_process(cfg),
+        "device": str(device),
+        "versions": machine.versions(),
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "git": machine.git_state(),
+        "notes": notes,
+        "outputs": [CSV_NAME, PIECES_NAME, TABLE_NAME, FIGURE_NAME]
+        + ([curves.COMBINED_NAME] if curves_csv else []),
+    }
+
+
+def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStream) -> str:
+    diff = report.paired_difference(rows)
+    masked = {n: int(stream.windows(n)[1].sum()) for n in lengths}
+    return "\n".join(
+        [
+            f"# {title}",
+            "",
+            f"Made by: `{command}`",
+            "",
+            "Masked-token accuracy (%), mean ± std over seeds. Eval-time rows reuse the trained O "
+            "weights. `count-baseline` has "
+            + baseline.describe()
+            + ", on the same masked positions; read every row against it. Su 2021's rows are its "
+            "published numbers (other data and model): compare shapes, not levels.",
+            "",
+            report.markdown_table(summary, lengths),
+            "",
+            "Difference to O, paired by seed (points): mean [95 % t-interval] and p of the paired "
+            "t-test over seeds; bold where p < 0.05. A claim without bold is not established by "
+            "these seeds.",
+            "",
+            report.markdown_difference(diff, lengths),
+            "",
+            f"Within one seed, the evaluation text's own sampling error: 95 % bootstrap interval "
+            f"of variant − O over the span's {stream.pieces} pieces (resampled with replacement, "
+            f"{report.BOOTSTRAP_DRAWS} draws, paired), its half-width averaged over seeds "
+            "(points):",
+            "",
+            report.markdown_within_seed(report.within_seed(rows, PIECES), lengths),
+            "",
+            *(
+                ["Su 2021's shape, E − O (on the mean, and its significance):", "", *checks, ""]
+                if (checks := report.shape_checks(diff))
+                else []
+            ),
+            "Training wall time per variant (this machine, threads as in the sidecar):",
+            "",
+            *report.training_times(rows),
+            "",
+            "Masking: " + MASKING.format(p=cfg.train.mask_prob, seed=cfg.eval.seed) + ".",
+            "",
+            "Masked tokens evaluated per length: "
+            + ", ".join(f"n={n}: {masked[n]:,}" for n in lengths)
+            + f" (one held-out span of {stream.size:,} tokens, the same for every row: "
+            f"{stream.pieces} pieces of {stream.chunk:,} contiguous tokens spread evenly over "
+            f"the {len(set(stream.works))} held-out works, "
+            + ", ".join(f"{w} ({k})" for w, k in stream.describe()["pieces_per_work"].items())
+            + ").",
+            "",
+        ]
+    )

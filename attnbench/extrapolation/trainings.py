@@ -1,0 +1,235 @@
+"""The run's trainings: one :class:`TrainJob` per (variant, seed), run here, in worker
+processes on a CPU (a process that dies takes down only its own training, which is retried once
+from its checkpoint), as Ray tasks (``--executor ray``) or data-parallel under torchrun; and the
+training curves, gathered into ``<out>/curves.csv`` as the trainings finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import random
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from attnbench.core.errors import AttnbenchError
+from attnbench.extrapolation import curves, units
+from attnbench.extrapolation.config import ExtrapConfig, TrainedVariant
+from attnbench.extrapolation.model import build_model
+from attnbench.extrapolation.plan import Plan, RunOptions, parallel_layout, threads_per_process
+from attnbench.extrapolation.progress import LogProgress, TrainProgress
+from attnbench.extrapolation.train import HeldoutProbe, check_key, load_checkpoint, train
+from attnbench.runtime import engines
+
+
+def train_in_parallel(cfg, opts, plan, train_stream, device) -> set[Path]:
+    """The plan's unfinished trainings in ``workers`` processes at once, each with ``threads``
+    torch threads (CPU only; see RunConfig.parallel); returns the checkpoints they wrote (none
+    when one process at a time is the layout: the caller trains then). A failed training raises
+    here; the finished ones stay."""
+
+    todo = [(v, seed, path, key, ckpt) for v, seed, path, key, ckpt in plan.entries
+            if ckpt is None or not ckpt["done"]]  # fmt: skip
+    if opts.executor == "ray":
+        # a task per training: one GPU each, or --threads CPUs each (default 1)
+        threads = (cfg.run.threads or 1) if device.type == "cpu" else threads_per_process(cfg)
+        jobs = [TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
+                         opts.log_every, opts.tensorboard, plan.probe)
+                for v, seed, path, key, ckpt in todo]  # fmt: skip
+        return units.train_on_ray(jobs, train_stream, threads, device, opts.ray_address, opts.log)
+    workers, threads = parallel_layout(cfg, device, len(todo), opts)
+    if workers < 2:
+        return set()
+    names = ", ".join(f"{v.label} seed {seed}" for v, seed, *_ in todo)
+    opts.log(f"training {names}: {workers} at once, {threads} thread{'s' * (threads > 1)} each")
+    jobs = [TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
+                     opts.log_every, opts.tensorboard, plan.probe)
+            for v, seed, path, key, ckpt in todo]  # fmt: skip
+    started = time.time()
+    crashed = _train_in_pool(jobs, workers, threads, train_stream, opts.log, None)
+    if crashed:
+        names = ", ".join(f"{j.variant.label} seed {j.seed}" for j in crashed)
+        opts.log(f"{names}: a worker process died; retrying once in fresh processes, from the "
+                 "checkpoints this run wrote")  # fmt: skip
+        crashed = _train_in_pool(crashed, workers, threads, train_stream, opts.log, started)
+    if crashed:
+        names = ", ".join(f"{j.variant.label} seed {j.seed}" for j in crashed)
+        raise AttnbenchError(
+            f"the worker process training {names} died twice; the other trainings are saved: "
+            "run again with --resume"
+        )
+    return {job.path for job in jobs}
+
+
+def _train_in_pool(jobs, workers, threads, train_stream, log, retry_since) -> list[TrainJob]:
+    """Train ``jobs``, ``workers`` at once, each in its own spawned process; returns the jobs
+    whose process died (a crash takes down only its own training). Any other failure, or
+    Ctrl-C (the workers checkpoint and stop), raises here once the running ones have stopped."""
+    return units.train_in_processes(jobs, workers, _train_in_worker,
+                                    (train_stream, threads, retry_since), log)  # fmt: skip
+
+
+def train_only(cfg, opts, plan, train_stream, device, dist) -> None:
+    """``--train-only``: every planned training to its end (worker processes on a CPU as
+    usual, data-parallel under torchrun), the curves, then where the checkpoints are."""
+    if dist is None:
+        plan.reload(train_in_parallel(cfg, opts, plan, train_stream, device))
+    for v, seed, path, key, ckpt in plan.entries:
+        ckpt, _ = train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dist,
+                                plan.probe)  # fmt: skip
+        if dist is None or dist.is_main:
+            gather_curves(plan, opts)
+        opts.log(
+            f"{v.label} seed {seed}: checkpoint {path} ({ckpt['step']} steps, final loss "
+            f"{ckpt['final_loss']:.4f})"
+        )
+    count = len(plan.entries)
+    opts.log(
+        f"trained {count} checkpoint{'s' * (count > 1)} in {opts.ckpt_dir}; evaluate them later "
+        f"in a single process with the same options and --eval-only: {_eval_command(opts.argv)}"
+    )
+
+
+def _eval_command(argv: list[str]) -> str:
+    """The command that evaluates what a --train-only command trained: the same options with
+    --eval-only (which excludes --resume and --overwrite), in one process."""
+    dropped = {"--train-only", "--resume", "--overwrite"}
+    kept, args = [], iter(argv[1:])
+    for a in args:
+        if a == "--shard":  # every shard's checkpoints are evaluated together
+            next(args, None)
+        elif a not in dropped and not a.startswith("--shard="):
+            kept.append(a)
+    return shlex.join(["attnbench", *kept, "--eval-only"])
+
+
+def train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dist=None,
+                  probe=None):  # fmt: skip
+    """Train (from scratch or from ``ckpt``; data-parallel with ``dist``) unless ``ckpt`` is
+    finished; returns the finished checkpoint and a summary for the sidecar."""
+    if ckpt is not None and ckpt["done"]:
+        if not opts.train_only:
+            opts.log(f"{v.label} seed {seed}: trained ({ckpt['step']} steps), loading {path}")
+        if dist is None or dist.is_main:
+            _curve_from_history(cfg, v, seed, path, ckpt)
+    else:
+        if opts.eval_only:  # Plan rules this out; kept as a guard
+            raise AttnbenchError(f"{path} is not finished")
+        hook = None
+        if opts.on_step is not None:
+
+            def hook(step: int, label=v.label) -> None:
+                opts.on_step(label, seed, step)
+
+        job = TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
+                       opts.log_every, opts.tensorboard, probe)  # fmt: skip
+        opts.log(job.run(train_stream, opts.progress(), hook, dist))
+        ckpt = load_checkpoint(path)  # under torchrun, rank 0 wrote it before train returned
+    steps = max(1, ckpt["step"])
+    info = {
+        "variant": v.label,
+        "seed": seed,
+        "steps": ckpt["step"],
+        "train_time_s": round(ckpt["train_time_s"], 2),
+        "ms_per_step": round(1000 * ckpt["train_time_s"] / steps, 1),
+        "final_loss": ckpt["final_loss"],
+        "model_params": build_model(cfg.model, v.spec).num_params(),
+        "checkpoint": str(path),
+    }
+    return ckpt, info
+
+
+def _curve_from_history(cfg, v, seed, path, ckpt) -> None:
+    """A finished checkpoint whose curve file is missing (trained before the curves existed, or
+    the file was removed) gets it back from its history."""
+    target = curves.curve_path(path)
+    if not target.exists():
+        points = curves.history_points(ckpt.get("history", []), cfg.train)
+        curves.write_curve(target, v.label, seed, points)
+
+
+def gather_curves(plan: Plan, opts: RunOptions) -> Path | None:
+    """Every training's curve file so far, in one tidy ``<out>/curves.csv``."""
+    files = [curves.curve_path(path) for _, _, path, _, _ in plan.entries]
+    return curves.combine(files, opts.out / curves.COMBINED_NAME)
+
+
+@dataclass
+class TrainJob:
+    """One (variant, seed) training, runnable here or in a worker process (picklable)."""
+
+    cfg: ExtrapConfig
+    variant: TrainedVariant
+    seed: int
+    path: Path
+    key: dict
+    resume: dict | None
+    device: str
+    log_every: int
+    tensorboard: Path | None
+    heldout: HeldoutProbe | None = None  # the held-out loss measured during training
+
+    @property
+    def unit_id(self) -> str:
+        return f"train-{self.variant.file_stem}-seed{self.seed}"
+
+    def after_crash(self, since: float | None) -> TrainJob:
+        """This job, or for the retry of a crashed attempt (``since``: when the run started)
+        the job continuing from the checkpoint that attempt left, if it wrote one (never from an
+        older file: an --overwrite run must not pick one up)."""
+        if since is None or not self.path.exists() or self.path.stat().st_mtime < since:
+            return self
+        ckpt = load_checkpoint(self.path)
+        check_key(ckpt, self.key, self.path)
+        return dataclasses.replace(self, resume=ckpt)
+
+    def run(self, train_stream: Tensor, progress: TrainProgress, on_step=None, dist=None) -> str:
+        """Train to the end, checkpoints as it goes; returns the one-line summary. ``dist``: a
+        :class:`~.distributed.DataParallel` to train over torchrun's processes."""
+        v, seed, cfg = self.variant, self.seed, self.cfg
+        torch.manual_seed(seed)  # the same seed on every rank: the same initial weights
+        random.seed(seed)
+        device = dist.device if dist is not None else self.device
+        model = build_model(cfg.model, v.spec).to(device)
+        history = curves.history_points(self.resume["history"], cfg.train) if self.resume else []
+        curve = None
+        if dist is None or dist.is_main:  # under torchrun, rank 0 alone writes the curve
+            curve = curves.CurveLog(curves.curve_path(self.path), v.label, seed, history,
+                                    self.tensorboard)  # fmt: skip
+        with curve if curve is not None else contextlib.nullcontext():
+            outcome = train(
+                model,
+                train_stream,
+                cfg.train,
+                train_len=cfg.model.train_len,
+                seed=seed,
+                path=self.path,
+                key=self.key,
+                ckpt_every=cfg.run.ckpt_every,
+                resume=self.resume,
+                progress=progress,
+                title=f"{v.label} seed {seed}",
+                on_step=on_step,
+                on_log=curve.log if curve is not None else None,
+                log_every=self.log_every,
+                dist=dist,
+                heldout=self.heldout,
+            )
+        return (
+            f"{v.label} seed {seed}: trained {outcome.steps} steps in {outcome.train_time_s:.0f}s"
+            f" ({outcome.tokens_per_s:,.0f} tok/s), final loss {outcome.final_loss:.3f}"
+        )
+
+
+def _train_in_worker(job: TrainJob, train_stream: Tensor, threads: int,
+                     retry_since: float | None = None) -> str:  # fmt: skip
+    """A worker process's whole life: its thread count, then one training (a retry continues
+    from the checkpoint the crashed attempt left)."""
+    torch.set_num_threads(threads)
+    engines.inject_fault(job.unit_id, retry_since is None)
+    return job.after_crash(retry_since).run(train_stream, LogProgress(lines=10))

@@ -1,0 +1,1 @@
+"""Drawing what the records say (a sparse mechanism's pattern, in the terminal and as PNG)."""

@@ -1,0 +1,73 @@
+"""Ray tasks for both experiments: one task per job, and a job that fails is tried once more in a
+fresh worker process.
+
+:func:`tasks_with_one_retry` submits ``fn(*args_of(job, attempt))`` for every job, with the
+job's resources, and yields each job's final :class:`TaskEnd` as it ends. A task fails when it
+raises, when its process dies (Ray's ``WorkerCrashedError``), or when ``failed(result)`` names a
+reason; the retry runs with ``max_calls=1``, so it starts in a process of its own. Ctrl-C cancels
+what is still pending. Starting Ray and checking that a task fits a node:
+:mod:`attnbench.runtime.engines`. No torch here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class TaskEnd:
+    """How a job's last attempt ended: its result, or the exception that ended it."""
+
+    job: Any
+    attempt: int
+    result: Any = None
+    error: BaseException | None = None
+    pending: int = 0  # tasks still running when this one ended
+
+
+def error_reason(e: BaseException) -> str:
+    """One line for a failed task: a dead process said as such, else the error's first line."""
+    name = type(e).__name__
+    if "WorkerCrashed" in name or "ActorDied" in name or "NodeDied" in name:
+        return f"the process running it died ({name})"
+    text = str(e).strip()
+    return f"{name}: {text.splitlines()[0][:200]}" if text else name
+
+
+def tasks_with_one_retry(
+    ray,
+    fn: Callable[..., Any],
+    jobs: Sequence[Any],
+    args_of: Callable[[Any, int], tuple],
+    resources: dict[str, float],
+    *,
+    failed: Callable[[Any], str | None] = lambda result: None,
+    on_retry: Callable[[Any, str], None] = lambda job, reason: None,
+) -> Iterator[TaskEnd]:
+    """Run every job as a Ray task, retrying a failed one once in a fresh process; yield each
+    job's final outcome as it ends (in the order they end)."""
+    first = ray.remote(max_retries=0, **resources)(fn)
+    again = ray.remote(max_retries=0, max_calls=1, **resources)(fn)
+    pending = {first.remote(*args_of(job, 1)): (job, 1) for job in jobs}
+    try:
+        while pending:
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            job, attempt = pending.pop(ready[0])
+            end = TaskEnd(job, attempt)
+            try:
+                end.result = ray.get(ready[0])
+            except Exception as e:  # the process died (WorkerCrashedError) or the task raised
+                end.error = e
+            reason = error_reason(end.error) if end.error is not None else failed(end.result)
+            if reason and attempt == 1:
+                on_retry(job, reason)
+                pending[again.remote(*args_of(job, 2))] = (job, 2)
+                continue
+            end.pending = len(pending)
+            yield end
+    except KeyboardInterrupt:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        raise

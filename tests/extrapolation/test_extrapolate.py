@@ -1,0 +1,747 @@
+"""The extrapolation and entropy suites on tiny configs: end to end through the CLI, resume,
+eval-only, the evaluation windows and masks, the length guard, the eval-time tricks, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import signal
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnbench import registry
+from attnbench.cli import app
+from attnbench.core.errors import AttnbenchError
+from attnbench.extrapolation.config import load_preset, resolve_variants
+from attnbench.extrapolation.entropy import EntropyOptions, run_entropy
+from attnbench.extrapolation.evaluate import (
+    LengthCheckError,
+    evaluate,
+    make_eval_stream,
+    spread,
+)
+from attnbench.extrapolation.model import (
+    MixerSpec,
+    MLMEncoder,
+    ModelConfig,
+    build_model,
+    is_whole_block,
+)
+from attnbench.extrapolation.progress import NoProgress
+from attnbench.extrapolation.run import RunOptions, run_extrapolate
+from attnbench.extrapolation.train import Interrupted
+from attnbench.extrapolation.tricks import TrickMixer, parse_tricks
+from attnbench.layers import make_layer
+from attnbench.variants import softmax
+from tests.helpers.extrapolation import TINY, make_corpus, run_options, tiny_cfg
+
+runner = CliRunner()
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def invoke(*args):
+    return runner.invoke(app, ["run", *args])
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One tiny end-to-end run (O, E, gqa with kv_heads=1, eight eval-time rows) via the CLI."""
+    root = tmp_path_factory.mktemp("extrap")
+    corpus = make_corpus(root / "corpus.txt")
+    out = root / "out"
+    res = invoke(
+        "extrapolate", *TINY, "--corpus", str(corpus), "--out", str(out),
+        "--impl", "gqa", "--param", "kv_heads=1",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    return root, corpus, out, res
+
+
+def test_end_to_end_outputs(trained):
+    _, corpus, out, res = trained
+    df = pd.read_csv(out / "extrapolate.csv")
+    trained_rows = ["O", "E", "gqa(kv_heads=1)"]
+    eval_rows = [f"O+{t}" for t in load_preset("cpu").run.eval_time]
+    order = ["O", *eval_rows, "E", "gqa(kv_heads=1)", "count-baseline"]
+    assert list(dict.fromkeys(df["variant"])) == order
+    assert len(df) == (len(trained_rows) + len(eval_rows) + 1) * 3
+    assert (df["status"] == "ok").all()
+    assert set(df["kind"]) == {"trained", "eval-time", "baseline"}
+    assert (df[df["kind"] == "eval-time"]["applied_to"] == "O").all()
+    models = df[df["kind"] != "baseline"]
+    for col in ("accuracy", "loss", "masked_tokens", "entropy_l0", "train_time_s"):
+        assert models[col].notna().all(), col
+    floor = df[df["kind"] == "baseline"]
+    assert floor["accuracy"].between(0, 100).all() and floor["seed"].isna().all()
+    # Same text and masks for every row: the masked-token count per length is one number.
+    assert (df.groupby("eval_len")["masked_tokens"].nunique() == 1).all()
+    assert (df["eval_tokens"] == 6 * 64).all()  # one span of 6 x 64 tokens at every length
+    assert models["entropy_l0"].between(0, 64 * 1.0001).all()
+    side = json.loads((out / "extrapolate.json").read_text())
+    assert side["corpus"]["sha256"] and side["corpus"]["bytes"] == corpus.stat().st_size
+    assert {"torch", "python", "attnbench"} <= set(side["versions"])
+    assert "sha" in side["git"] and side["config"]["model"]["d_model"] == 32
+    assert "probability 0.15" in side["evaluation"]["masking"]
+    table = (out / "table.md").read_text()
+    assert "Su 2021: Attention-E" in table and "| O+chunk | eval-time |" in table
+    assert "| count-baseline | baseline |" in table and "95 % t-interval" in table
+    assert "bootstrap interval" in table
+    pieces = pd.read_csv(out / "pieces.csv")
+    sums = pieces.groupby(["variant", "seed", "eval_len"])[["masked", "correct"]].sum()
+    models = df[df["kind"] != "baseline"].set_index(["variant", "seed", "eval_len"])
+    joined = sums.join(models[["masked_tokens", "accuracy"]])
+    assert (joined["masked"] == joined["masked_tokens"]).all()
+    assert ((100 * joined["correct"] / joined["masked"] - joined["accuracy"]).abs() < 1e-4).all()
+    assert "Su 2021: Attention-O" in res.output
+    png = (out / "accuracy_vs_length.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    # At n = L the chunk floor is the O model itself.
+    o16 = df[(df["variant"] == "O") & (df["eval_len"] == 16)].iloc[0]
+    c16 = df[(df["variant"] == "O+chunk") & (df["eval_len"] == 16)].iloc[0]
+    assert o16["accuracy"] == c16["accuracy"]
+    assert o16["loss"] == pytest.approx(c16["loss"], rel=1e-5)
+
+
+def test_eval_only_reuses_checkpoints(trained):
+    _, corpus, out, _ = trained
+    before = pd.read_csv(out / "extrapolate.csv")
+    res = invoke(
+        "extrapolate", *TINY, "--corpus", str(corpus), "--out", str(out), "--eval-only",
+        "--eval-lengths", "16,32", "--eval-time", "chunk,ntk+logn",
+        "--impl", "gqa", "--param", "kv_heads=1",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    after = pd.read_csv(out / "extrapolate.csv")
+    assert set(after["variant"]) == {
+        "O", "O+chunk", "O+ntk+logn", "E", "gqa(kv_heads=1)", "count-baseline"
+    }  # fmt: skip
+    assert set(after["eval_len"]) == {16, 32}
+    key = ["variant", "seed", "eval_len"]
+    merged = after.merge(before, on=key, suffixes=("", "_before"))
+    assert len(merged) == len(after)
+    assert (merged["accuracy"] == merged["accuracy_before"]).all()
+    models = merged[merged["kind"] != "baseline"]
+    assert (models["train_time_s"] == models["train_time_s_before"]).all()
+
+
+def test_existing_checkpoints_need_a_flag(trained):
+    _, corpus, out, _ = trained
+    res = invoke("extrapolate", *TINY, "--corpus", str(corpus), "--out", str(out))
+    assert res.exit_code == 2
+    assert "--resume" in res.output and "Traceback" not in res.output
+
+
+def test_resume_with_other_config_is_refused_and_keeps_the_checkpoint(trained):
+    _, corpus, out, _ = trained
+    ckpt = out / "checkpoints" / "O-seed0.pt"
+    before = ckpt.read_bytes()
+    args = [*TINY, "--steps", "13"]
+    res = invoke("extrapolate", *args, "--corpus", str(corpus), "--out", str(out), "--resume")
+    assert res.exit_code == 2
+    assert "another config" in res.output and "steps 12 -> 13" in res.output
+    assert len(res.output.strip().splitlines()) == 1
+    assert ckpt.read_bytes() == before
+
+
+def test_entropy_suite(trained, tmp_path):
+    _, corpus, out, _ = trained
+    cfg = load_preset("cpu").override(
+        {
+            "d_model": 32,
+            "layers": 1,
+            "heads": 2,
+            "train_len": 16,
+            "batch": 8,
+            "steps": 12,
+            "warmup": 2,
+            "corpus": str(corpus),
+        }
+    )
+    opts = EntropyOptions(
+        out=tmp_path, checkpoints=out / "checkpoints", max_n=256, queries=64, trials=2
+    )
+    res = run_entropy(cfg, opts)
+    df = pd.read_csv(tmp_path / "entropy.csv")
+    assert set(df["source"]) == {"random", "random-scale", "model"}
+    assert sorted(df["n"].unique()) == [16, 32, 64, 128, 256]
+    regime = res.fit["seed_regime"]  # Su 2021's regime: its expression's slope is ~0.2-0.3
+    assert 0.15 < regime["theory_c"] < 0.35 and regime["lambda_d_range"] == [16.0, 64.0]
+    assert 0.04 < res.fit["theory_c"] < 0.2  # flatter at the lambda*d of O and E, n <= 256
+    assert [m["layer"] for m in res.fit["models"]] == [0]
+    assert "Su 2021's own expression" in res.text and "regime" in res.text
+    rnd = df[df["source"] == "random"].set_index(["variant", "n"])["entropy"]
+    # O's entropy grows almost like log n; E (smaller scale below 512) sits above O.
+    slopes = {(s["source"], s["variant"]): s["slope_dH_dlogn"] for s in res.slopes}
+    assert 0.85 < slopes[("random", "O")] <= 1.0
+    assert all(rnd[("E", n)] > rnd[("O", n)] for n in (16, 256))
+    assert 0.0 < res.fit["c"] < 1.0
+    assert (tmp_path / "entropy.png").stat().st_size > 10_000
+    assert "c =" in res.text
+
+
+def test_entropy_cli_without_checkpoints(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default checkpoints folder does not exist here
+    res = invoke(
+        "entropy", "--out", str(tmp_path), "--max-n", "64", "--queries", "16", "--trials", "1",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "trained-model part" in res.output and "skipped" in res.output
+    assert (tmp_path / "entropy.csv").exists()
+    # a folder named explicitly must exist: a typo is an error, not a silent skip
+    res = invoke("entropy", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "none"))
+    assert res.exit_code == 2 and "--checkpoints" in res.output and "no such folder" in res.output
+
+
+# ---------------------------------------------------------------------------------------------
+# Resume
+# ---------------------------------------------------------------------------------------------
+
+
+class Killed(Exception):
+    """Stands for SIGKILL: training stops with no chance to save."""
+
+
+def test_resume_equals_uninterrupted(tmp_path):
+    corpus = make_corpus(tmp_path / "c.txt")
+    cfg = tiny_cfg(corpus)
+    full = run_extrapolate(cfg, run_options(tmp_path / "full"))
+
+    # Ctrl-C at step 7: the step finishes, a checkpoint is written, Interrupted is raised.
+    def ctrl_c(label, seed, step):
+        if step == 7:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(Interrupted) as info:
+        run_extrapolate(cfg, run_options(tmp_path / "cut", on_step=ctrl_c))
+    assert info.value.step == 7
+    ckpt = torch.load(tmp_path / "cut/checkpoints/E-seed0.pt", weights_only=True)
+    assert ckpt["step"] == 7 and not ckpt["done"]
+    resumed = run_extrapolate(cfg, run_options(tmp_path / "cut", resume=True))
+
+    # A kill after step 9: only the periodic checkpoint of step 5 survives.
+    def kill(label, seed, step):
+        if step == 9:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_extrapolate(cfg, run_options(tmp_path / "kill", on_step=kill))
+    ckpt = torch.load(tmp_path / "kill/checkpoints/E-seed0.pt", weights_only=True)
+    assert ckpt["step"] == 5
+    killed = run_extrapolate(cfg, run_options(tmp_path / "kill", resume=True))
+
+    def numbers(result):
+        return [(r["eval_len"], r["accuracy"], r["loss"]) for r in result.rows]
+
+    assert numbers(resumed) == numbers(full)
+    assert numbers(killed) == numbers(full)
+    a = torch.load(tmp_path / "full/checkpoints/E-seed0.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "cut/checkpoints/E-seed0.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation windows, masks, the length guard
+# ---------------------------------------------------------------------------------------------
+
+
+def test_eval_windows_are_contiguous_and_masks_shared():
+    heldout = (torch.arange(5000) % 251).to(torch.uint8)
+    whole = (("text", 0, 5000),)
+    stream = make_eval_stream(heldout, whole, (16, 48, 64), 192, 64, mask_prob=0.15, seed=7)
+    assert stream.size == 3 * 64 and stream.pieces == 3
+    for n in (16, 48, 64):
+        toks, mask = stream.windows(n)
+        assert toks.shape == (3 * (64 // n), n)
+        for w, start in enumerate(stream.starts):  # each window lies inside one piece
+            for j in range(64 // n):
+                row = toks[w * (64 // n) + j]
+                assert torch.equal(row, heldout[start + j * n : start + (j + 1) * n].long())
+    again = make_eval_stream(heldout, whole, (16, 48, 64), 192, 64, mask_prob=0.15, seed=7)
+    assert torch.equal(again.mask, stream.mask) and again.starts == stream.starts
+
+
+def test_eval_pieces_spread_over_every_held_out_work():
+    """Pieces go to every work in proportion to its length, evenly spaced, never across a
+    boundary, never overlapping; a corpus too short says what it needs."""
+    works = (("a", 0, 3000), ("b", 3001, 4001), ("c", 4002, 10002))
+    placed = spread(works, 10, 100)
+    counts = {name: sum(1 for n, _ in placed if n == name) for name, _, _ in works}
+    assert counts == {"a": 3, "b": 1, "c": 6}
+    starts = sorted(s for _, s in placed)
+    assert all(b - a >= 100 for a, b in zip(starts, starts[1:], strict=False))  # no overlap
+    for name, start in placed:
+        _, lo, hi = next(w for w in works if w[0] == name)
+        assert lo <= start and start + 100 <= hi
+    a_starts = [s for n, s in placed if n == "a"]
+    assert a_starts[0] > 0 and a_starts[-1] + 100 < 3000  # spread, not packed at the start
+    with pytest.raises(AttnbenchError, match="corpus too short"):
+        spread((("a", 0, 250),), 3, 100)
+
+
+def test_the_default_corpus_is_cut_at_a_play_boundary():
+    from attnbench.data.corpus import load_corpus
+
+    corpus = load_corpus()
+    split = corpus.split(0.1)
+    cut = split.train.numel()
+    assert split.at_boundary and cut in {w.offset for w in corpus.works}
+    assert 0.08 < split.heldout.numel() / len(corpus) < 0.12
+    first = split.works[0]
+    assert first[1] == 0  # the first held-out play starts the held-out stream: title and all
+    assert [w.name for w in corpus.works if w.offset >= cut] == [w[0] for w in split.works]
+
+
+def test_a_folder_corpus_is_cut_at_a_file_boundary(tmp_path):
+    from attnbench.data.corpus import load_corpus
+
+    for i, size in enumerate((5000, 3000, 1500, 600)):
+        (tmp_path / f"{i}.txt").write_text(chr(ord("a") + i) * size)
+    split = load_corpus(tmp_path).split(0.1)
+    assert split.at_boundary and [w[0] for w in split.works] == ["3.txt"]
+    assert bytes(split.heldout.tolist()) == b"d" * 600
+
+
+def _tiny_model(spec=MixerSpec("softmax"), heads=2):
+    torch.manual_seed(0)
+    return build_model(ModelConfig(d_model=32, layers=2, heads=heads, train_len=16), spec)
+
+
+@pytest.mark.parametrize("mechanism", ["softmax", "gau", "aft-conv"])
+def test_hidden_at_the_masked_rows_equals_the_whole_forward(mechanism):
+    """Training and evaluation run the last FFN and the final norm on the masked rows only:
+    the same hidden states and the same gradients as the whole forward, indexed (float64)."""
+    model = _tiny_model(MixerSpec(mechanism)).double()
+    gen = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 257, (3, 21), generator=gen)  # odd length, [MASK] ids included
+    rows = torch.rand(3, 21, generator=gen) < 0.3
+    rows[1] = False  # a window with nothing masked
+    weights = torch.randn(int(rows.sum()), 256, generator=gen, dtype=torch.float64)
+    grads = []
+    for hidden in (lambda: model(tokens)[rows], lambda: model.hidden_at(tokens, rows)):
+        model.zero_grad()
+        out = model.logits(hidden())  # (N, 256)
+        (out * weights).sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+        if len(grads) == 1:
+            whole = out.detach()
+    torch.testing.assert_close(out.detach(), whole, rtol=1e-12, atol=1e-12)
+    for a, b in zip(*grads, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
+
+
+def test_every_variant_sees_the_same_inputs():
+    heldout = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
+    stream = make_eval_stream(
+        heldout.to(torch.uint8), (("t", 0, 4096),), (16, 64), 256, 64, 0.15, 3
+    )
+    seen = {}
+    for name, spec in (("O", MixerSpec("softmax")), ("E", MixerSpec("softmax-logn"))):
+        model = _tiny_model(spec)
+        inputs = []
+        hook = lambda m, args, acc=inputs: acc.append(args[0].clone())  # noqa: E731
+        model.embed.register_forward_pre_hook(hook)  # the token ids the model reads
+        res = evaluate(model, stream, 64, batch_tokens=128)
+        seen[name] = (torch.cat(inputs), res.masked)
+    assert torch.equal(seen["O"][0], seen["E"][0]) and seen["O"][1] == seen["E"][1]
+    assert seen["O"][0].shape == (4, 64)
+
+
+def test_length_guard_catches_truncation():
+    heldout = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
+    stream = make_eval_stream(heldout.to(torch.uint8), (("t", 0, 4096),), (64,), 128, 64, 0.15, 3)
+    model = _tiny_model()
+    evaluate(model, stream, 64)  # fine as built
+    model.embed.register_forward_hook(lambda m, args, out: out[:, :32])  # a silent truncation
+    with pytest.raises(LengthCheckError, match="received length 32"):
+        evaluate(model, stream, 64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation-time tricks
+# ---------------------------------------------------------------------------------------------
+
+
+def _swap(model, tricks):
+    cfg = model.cfg
+    other = MLMEncoder(cfg, lambda c, i: TrickMixer(c.d_model, c.heads, tricks))
+    other.load_state_dict(model.state_dict())
+    return other.eval()
+
+
+def test_tricks_reduce_to_the_trained_model():
+    model = _tiny_model().eval()
+    x = torch.randint(0, 256, (2, 40))
+    short = x[:, :16]
+    with torch.no_grad():
+        for name in ("logn", "temperature", "yarn", "ntk", "pi", "ntk+logn"):
+            t = parse_tricks(name, 16)
+            # At n <= L every one of these is the identity; beyond L they change the output.
+            assert torch.allclose(_swap(model, t)(short), model(short), atol=1e-5), name
+            assert not torch.allclose(_swap(model, t)(x), model(x), atol=1e-4), name
+        plain = parse_tricks("rerope", 16, rerope_window=40)  # window >= n: plain RoPE
+        assert torch.allclose(_swap(model, plain)(x), model(x), atol=1e-5)
+        wide = parse_tricks("local", 16, local_window=40)
+        assert torch.allclose(_swap(model, wide)(x), model(x), atol=1e-5)
+
+
+def test_logn_trick_equals_the_registry_mechanism():
+    """max(1, log n / log L) in TrickMixer == softmax-logn(base=L, clip=True) via make_layer."""
+    model = _tiny_model().eval()
+    cfg = model.cfg
+    from attnbench.layers import Rotary
+
+    ref = MLMEncoder(
+        cfg,
+        lambda c, i: make_layer(
+            "softmax-logn", c.d_model, c.heads, params={"base": 16.0, "clip": True},
+            rope=Rotary(c.head_dim), max_len=16,
+        ),
+    )  # fmt: skip
+    ref.load_state_dict(model.state_dict())
+    x = torch.randint(0, 256, (2, 100))
+    with torch.no_grad():
+        got = _swap(model, parse_tricks("logn", 16))(x)
+        assert torch.allclose(got, ref.eval()(x), atol=1e-5)
+
+
+def test_rerope_clips_relative_positions():
+    """Beyond the window, ReRoPE scores equal those of a key moved to distance w."""
+    t = parse_tricks("rerope", 16, rerope_window=4)
+    mixer = TrickMixer(32, 2, t)
+    q, k = torch.randn(1, 2, 12, 16), torch.randn(1, 2, 12, 16)
+    s = mixer.scores(q, k)  # (1, 2, 12, 12)
+    plain = TrickMixer(32, 2, parse_tricks("rerope", 16, rerope_window=100)).scores(q, k)
+    # Query 10 with key 2 (r = 8 >= 4): the score RoPE gives at r = 4, i.e. query 6 with key 2
+    # when all queries are the same vector.
+    qq = q[:, :, 10:11].expand(1, 2, 12, 16)
+    same = TrickMixer(32, 2, parse_tricks("rerope", 16, rerope_window=100)).scores(qq, k)
+    assert torch.allclose(s[..., 10, 2], same[..., 6, 2], atol=1e-5)
+    assert torch.allclose(s[..., 10, 8], plain[..., 10, 8], atol=1e-6)  # inside the window
+
+
+# ---------------------------------------------------------------------------------------------
+# Variants and bad input
+# ---------------------------------------------------------------------------------------------
+
+
+def test_whole_block_and_causal_only_mechanisms(monkeypatch):
+    whole = dataclasses.replace(softmax.MECHANISM, name="fake-whole", aliases=())
+    object.__setattr__(whole, "whole_block", True)
+    causal = dataclasses.replace(
+        softmax.MECHANISM, name="fake-causal", aliases=(), bidirectional=False
+    )
+    index = dict(registry._BY_NAME, **{"fake-whole": whole, "fake-causal": causal})
+    monkeypatch.setattr(registry, "_BY_NAME", index)
+    monkeypatch.setattr(registry, "MECHANISMS", (*registry.MECHANISMS, whole, causal))
+    assert is_whole_block(MixerSpec("fake-whole"))
+    model = _tiny_model(MixerSpec("fake-whole"))
+    assert all(b.ffn is None for b in model.blocks) and len(model.blocks) == 2 * 2
+    cfg = load_preset("cpu")
+    variants, notes = resolve_variants(cfg, ["all"])
+    names = [v.label for v in variants]
+    assert "fake-whole" in names and "fake-causal" not in names
+    assert any("fake-causal" in n and "causal only" in n for n in notes)
+    res = invoke("extrapolate", "--impl", "fake-causal", "--steps", "1")
+    assert res.exit_code == 2 and "causal only" in res.output
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad")
+    (root / "empty.txt").write_text("")
+    (root / "binary.bin").write_bytes(bytes(range(256)) * 40)
+    make_corpus(root / "short.txt", words=300)
+    (root / "emptydir").mkdir()
+    return root
+
+
+@pytest.mark.parametrize(
+    ("args", "expect"),
+    [
+        (["--corpus", "{root}/missing.txt"], "does not exist"),
+        (["--corpus", "{root}/empty.txt"], "is empty"),
+        (["--corpus", "{root}/binary.bin"], "looks binary"),
+        (["--corpus", "{root}/emptydir"], "no .txt files"),
+        (["--corpus", "{root}/short.txt"], "corpus too short"),
+        (["--eval-lengths", "0,64"], "--eval-lengths 0,64: eval.lengths = [0, 64]"),
+        (["--eval-lengths", "-16"], "eval.lengths = [-16] is not accepted"),
+        (["--preset", "nosuch"], "unknown preset"),
+        (["--variants", "O,Q"], "unknown variant"),
+        (["--impl", "nosuch"], "unknown mechanism"),
+        (["--impl", "gqa", "--param", "kv_heads=0"], "kv_heads"),
+        (["--set", "train.nosuch=1"], "--set train.nosuch=1: unknown key"),
+        (["--heads", "3"], "not divisible"),
+        (["--device", "tpu"], "run.device = 'tpu' is not accepted"),
+        (["--eval-only"], "no checkpoint for O seed 0"),
+        (["--eval-only", "--resume"], "exclude each other"),
+        (["--eval-time", "logn,warp"], "unknown evaluation-time trick"),
+        (["--eval-time", "chunk+logn"], "chunk stands alone"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else " ".join(v),
+)
+def test_bad_input_exits_2(corpora, tmp_path, args, expect):
+    args = [a.format(root=corpora) for a in args]
+    res = invoke("extrapolate", *TINY, "--out", str(tmp_path), *args)
+    assert res.exit_code == 2, res.output
+    assert expect in res.output and "Traceback" not in res.output
+    assert len(res.output.strip().splitlines()) == 1, res.output
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_short_corpus_message_counts_tokens(corpora, tmp_path):
+    res = invoke("extrapolate", *TINY, "--corpus", f"{corpora}/short.txt", "--out", str(tmp_path))
+    # 384 evaluated tokens are needed; the file is ~1.8 kB, so ~180 are held out.
+    assert "needs 384 held-out tokens" in res.output and "has 1" in res.output
+
+
+def test_presets_load_from_the_one_shipped_folder():
+    from attnbench.runtime.tomlconfig import PRESETS_DIR
+
+    assert sorted(p.name for p in PRESETS_DIR.glob("*.toml")) == ["cpu.toml", "paper.toml"]
+    cpu, paper = load_preset("cpu"), load_preset("paper")
+    assert (cpu.model.d_model, cpu.model.layers, cpu.model.heads, cpu.model.train_len) == (
+        128,
+        2,
+        2,
+        64,
+    )
+    assert (cpu.train.batch, cpu.train.steps, cpu.train.lr) == (64, 3000, 1e-3)
+    assert (paper.model.d_model, paper.model.layers, paper.model.heads) == (384, 6, 6)
+    assert cpu.eval.lengths == (64, 128, 256, 512, 1024) and cpu.run.variants == ("O", "E")
+    assert len(cpu.run.eval_time) >= 6
+
+
+SDPA_TRICKS = ["logn", "temperature", "yarn", "local", "ntk", "pi", "ntk+logn", "pi+local"]
+
+
+@pytest.mark.parametrize("name", SDPA_TRICKS)
+def test_trick_sdpa_path_matches_dense(name):
+    t = parse_tricks(name, 16)
+    mixer = TrickMixer(32, 2, t)
+    x = torch.randn(2, 100, 32, dtype=torch.float64)
+    mixer = mixer.double()
+    with torch.no_grad():
+        fast = mixer(x)
+        mixer.force_dense = True
+        dense = mixer(x)
+    assert torch.allclose(fast, dense, atol=1e-10, rtol=1e-9)
+
+
+def test_trick_rows_take_the_dense_path_only_for_the_entropy_windows(monkeypatch):
+    """The entropy probe hands TrickMixer its hook only while active: the probed windows go
+    through the dense path (which exposes the probabilities), the rest through SDPA. Accuracy,
+    loss and entropy equal an evaluation forced dense everywhere (float64)."""
+    heldout = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
+    stream = make_eval_stream(heldout.to(torch.uint8), (("t", 0, 4096),), (64,), 512, 64, 0.15, 3)
+    model = _swap(_tiny_model(), parse_tricks("logn", 16)).double()
+    shapes = []
+    dense = TrickMixer.dense
+    monkeypatch.setattr(
+        TrickMixer, "dense", lambda self, q, k, v: shapes.append(q.shape[0]) or dense(self, q, k, v)
+    )
+    fast = evaluate(model, stream, 64, batch_tokens=128, entropy_tokens=128)
+    # 2 probed windows (128 tokens at n = 64) in batches of 2, through 2 layers: 2 dense calls
+    assert shapes == [2, 2]
+    for layer in model.blocks:
+        assert layer.mixer.probs_hook is None
+    shapes.clear()
+    for layer in model.blocks:
+        layer.mixer.force_dense = True
+    slow = evaluate(model, stream, 64, batch_tokens=128, entropy_tokens=128)
+    assert len(shapes) == 2 * 4  # every one of the 8 windows, 4 batches x 2 layers
+    assert (fast.correct, fast.masked) == (slow.correct, slow.masked) and fast.masked > 0
+    assert fast.loss_sum == pytest.approx(slow.loss_sum, rel=1e-12)
+    assert fast.entropy == pytest.approx(slow.entropy, rel=1e-12) and None not in fast.entropy
+
+
+def test_a_mechanism_failing_at_some_length_gets_an_error_row(monkeypatch, tmp_path):
+    """A mechanism that cannot run at a length yields status=error rows with the reason, never a
+    dropped row or a NaN passed off as a result."""
+
+    def short_only(q, k, v, *, causal):
+        if q.shape[-2] > 32:
+            raise RuntimeError("this path stops at 32 positions")
+        return softmax.sdpa(q, k, v, causal=causal)
+
+    path = dataclasses.replace(softmax.MECHANISM.paths[1], fn=short_only)
+    mech = dataclasses.replace(
+        softmax.MECHANISM, name="fake-short", aliases=(), paths=(softmax.MECHANISM.paths[0], path)
+    )
+    monkeypatch.setattr(registry, "_BY_NAME", dict(registry._BY_NAME, **{"fake-short": mech}))
+    corpus = make_corpus(tmp_path / "c.txt")
+    cfg = tiny_cfg(corpus).override({"variants": "fake-short", "steps": 3})
+    result = run_extrapolate(cfg, run_options(tmp_path / "out"))
+    rows = {r["eval_len"]: r for r in result.rows if r["kind"] != "baseline"}
+    assert rows[16]["status"] == "ok" and rows[64]["status"] == "error"
+    assert "stops at 32" in rows[64]["reason"] and "accuracy" not in rows[64]
+    df = pd.read_csv(tmp_path / "out" / "extrapolate.csv")
+    df = df[df["kind"] != "baseline"]
+    assert list(df["status"]) == ["ok", "error"] and pd.isna(df["accuracy"].iloc[1])
+    assert "failed" in (tmp_path / "out" / "table.md").read_text()
+
+
+def test_rich_progress_bar_renders():
+    import io
+
+    from rich.console import Console
+
+    from attnbench.cli.progress import LineProgress, RichProgress
+
+    buf = io.StringIO()
+    bar = RichProgress(Console(file=buf, force_terminal=True, width=120))
+    bar.start("O seed 0", 10, 0)
+    bar.update(10, 2.5, 12345.0)
+    bar.stop()
+    assert "loss 2.500" in buf.getvalue() and "12,345 tok/s" in buf.getvalue()
+    buf = io.StringIO()
+    lines = LineProgress(lines=2, stream=buf)
+    lines.start("E seed 1", 10, 0)
+    for step in range(1, 11):
+        lines.update(step, 2.0, 100.0)
+    assert buf.getvalue().count("\n") == 2 and "step 10/10 loss 2.000" in buf.getvalue()
+
+
+def test_help_has_an_example():
+    for name in ("extrapolate", "entropy"):
+        res = invoke(name, "--help")
+        assert res.exit_code == 0 and "Example" in res.output, name
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("[train]\nsteps = 10\nstep = 3\n", 3, ["unknown key 'train.step'", "'train.steps'"]),
+        ('[model]\n\nlayers = "two"\n', 3, ["model.layers"]),
+        ("[modle]\nlayers = 2\n", 1, ["unknown section [modle]"]),
+        ('[variants.X]\npath = "efficient"\n', 1, ["needs mechanism"]),
+        ("[train]\nsteps = [1,\n", 2, ["malformed TOML"]),
+    ],
+)
+def test_preset_errors_name_the_file_and_line(tmp_path, text, line, words):
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    with pytest.raises(AttnbenchError) as info:
+        load_preset(str(path))
+    message = str(info.value)
+    assert f"{path} line {line}" in message and "\n" not in message, message
+    for word in words:
+        assert word in message, message
+
+
+def test_yarn_interpolates_frequencies_by_parts():
+    """YaRN's frequencies, written out per pair from Peng et al. 2023 (eq. of the ramp), for
+    L = 64, head dim 64, n = 256: pairs with fewer than alpha turns over L are divided by s,
+    pairs with more than beta kept, the rest in between."""
+    from attnbench.extrapolation.tricks import YARN_ALPHA, YARN_BETA, yarn_freq_scale
+
+    L, D, base, s = 64, 64, 10000.0, 4.0
+    got = yarn_freq_scale(D, base, L, s)
+    for i in range(D // 2):
+        theta = base ** (-2 * i / D)
+        turns = L / (2 * math.pi / theta)
+        if turns < YARN_ALPHA:
+            want = 1 / s
+        elif turns > YARN_BETA:
+            want = 1.0
+        else:
+            g = (turns - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)
+            want = (1 - g) / s + g
+        assert got[i].item() == pytest.approx(want, rel=1e-12), i
+    changed = (got < 1).sum().item()
+    assert changed == D // 2  # at L = 64 no pair makes beta = 32 turns: every pair moves
+    assert torch.equal(yarn_freq_scale(D, base, L, 1.0), torch.ones(D // 2, dtype=torch.float64))
+
+
+def test_renamed_and_conflicting_tricks_are_refused():
+    with pytest.raises(AttnbenchError, match="now called 'temperature'"):
+        parse_tricks("yarn-temp", 64)
+    with pytest.raises(AttnbenchError, match="rotary frequencies twice"):
+        parse_tricks("yarn+ntk", 64)
+    with pytest.raises(AttnbenchError, match="already holds the temperature"):
+        parse_tricks("yarn+temperature", 64)
+    assert parse_tricks("rerope+logn", 64).names == ("rerope", "logn")
+
+
+def test_parallel_trainings_equal_sequential_ones(tmp_path):
+    """Two trainings in two 1-thread worker processes, then their evaluations in two worker
+    processes, give the checkpoints and rows that one 1-thread process doing it all one after
+    the other gives."""
+    corpus = make_corpus(tmp_path / "c.txt")
+    cfg = tiny_cfg(corpus).override({"variants": "O,E", "eval_time": "logn,yarn"})
+    said = []
+    one_by_one = run_extrapolate(cfg, run_options(tmp_path / "seq"))
+    both = cfg.override({"threads": 2, "parallel": 2})
+    at_once = run_extrapolate(both, RunOptions(out=tmp_path / "par", progress=NoProgress,
+                                               log=said.append, argv=["attnbench"]))  # fmt: skip
+    assert any("2 at once, 1 thread each" in line for line in said), said
+    for name in ("O-seed0.pt", "E-seed0.pt"):
+        a = torch.load(tmp_path / "seq/checkpoints" / name, weights_only=True)["model"]
+        b = torch.load(tmp_path / "par/checkpoints" / name, weights_only=True)["model"]
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+
+    assert any("evaluating" in line and "2 at once" in line for line in said), said
+
+    def scores(result):
+        return [(r["variant"], r["kind"], r["seed"], r["eval_len"], r["accuracy"], r["loss"],
+                 r["masked_tokens"]) for r in result.rows]  # fmt: skip
+
+    # every row (trained, eval-time, baseline) in the same order with the same numbers
+    assert len(scores(at_once)) == len(scores(one_by_one)) > 6
+    assert scores(at_once) == scores(one_by_one)
+
+
+def test_overwrite_retrains_even_one_at_a_time(tmp_path):
+    """--overwrite with one process at a time (1 thread): the old, finished checkpoints are
+    never picked up again; the new config is trained."""
+    corpus = make_corpus(tmp_path / "c.txt")
+    cfg = tiny_cfg(corpus)
+    run_extrapolate(cfg, run_options(tmp_path / "out"))
+    again = run_extrapolate(
+        cfg.override({"steps": 13}), run_options(tmp_path / "out", overwrite=True)
+    )
+    ckpt = torch.load(tmp_path / "out/checkpoints/E-seed0.pt", weights_only=False)
+    assert ckpt["step"] == 13
+    assert {r["train_steps"] for r in again.rows if r["kind"] == "trained"} == {13}
+
+
+def test_a_corpus_without_a_boundary_near_the_holdout_is_cut_inside_a_work(tmp_path):
+    from attnbench.data.corpus import load_corpus
+
+    (tmp_path / "a.txt").write_text("a" * 1000)
+    (tmp_path / "b.txt").write_text("b" * 100_000)
+    split = load_corpus(tmp_path).split(0.1)
+    assert not split.at_boundary
+    assert split.describe()["heldout_share"] == pytest.approx(0.1, abs=0.001)
+
+
+def test_every_config_option_names_a_parameter_and_a_field():
+    """The options that set one config field each are listed once, by parameter, with the field
+    they set: each is a parameter of the command, each field exists (as --set would name it),
+    and given on the command line it lands in that field."""
+    import inspect
+    from pathlib import Path
+
+    from attnbench.cli.extrapolate import CONFIG_FIELDS, config_overrides, extrapolate
+
+    parameters = inspect.signature(extrapolate).parameters
+    assert set(CONFIG_FIELDS) <= set(parameters)
+    cfg = load_preset("cpu")
+    for field in CONFIG_FIELDS.values():
+        section, name = field.split(".")
+        assert hasattr(getattr(cfg, section), name), field
+    given = dict.fromkeys(parameters) | {"steps": 7, "corpus": Path("c.txt"), "lr": 0.5}
+    assert config_overrides(given) == {"train.steps": 7, "run.corpus": "c.txt", "train.lr": 0.5}
+    cfg = cfg.override(config_overrides(given) | {"train.steps": "9"})  # --set wins
+    assert (cfg.train.steps, cfg.train.lr, cfg.run.corpus) == (9, 0.5, "c.txt")
+
+
+def test_fixed_choices_are_listed_in_help():
+    res = invoke("extrapolate", "--help")
+    assert res.exit_code == 0 and "local|ray" in res.output

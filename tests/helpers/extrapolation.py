@@ -1,0 +1,59 @@
+"""Tiny extrapolation runs: the CLI flags of a tiny config, a word corpus, a tiny config and run
+options for calling ``run_extrapolate`` from Python (CPU, seconds)."""
+
+from __future__ import annotations
+
+import random
+
+from attnbench.extrapolation.config import load_preset
+from attnbench.extrapolation.progress import NoProgress
+from attnbench.extrapolation.run import RunOptions
+
+#: CLI flags of a tiny run: one small layer, 12 steps, three short evaluation lengths.
+TINY = [
+    "--d-model", "32", "--layers", "1", "--heads", "2", "--train-len", "16", "--batch", "8",
+    "--steps", "12", "--warmup", "2", "--eval-lengths", "16,32,64", "--eval-tokens", "384",
+    "--threads", "1", "--ckpt-every", "5",
+]  # fmt: skip
+
+
+WORD_TEXT = (
+    "the of and to in a is that for it as was with be by on not he this are or his from at which "
+    "but have an they you were her she there would their we him been has when who will more no if"
+)
+WORDS = WORD_TEXT.split(" ")
+
+
+def make_corpus(path, words: int = 6000, seed: int = 0):
+    """A corpus of ``words`` words drawn from ``WORDS`` (12 a line) at ``path``; returns it."""
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(words // 12)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def tiny_cfg(corpus):
+    """The cpu preset shrunk to one tiny model (E) trained for 12 steps on ``corpus``."""
+    return load_preset("cpu").override(
+        {
+            "d_model": 32,
+            "layers": 1,
+            "heads": 2,
+            "train_len": 16,
+            "batch": 8,
+            "steps": 12,
+            "warmup": 2,
+            "lengths": "16,64",
+            "tokens": 256,
+            "threads": 1,
+            "ckpt_every": 5,
+            "corpus": str(corpus),
+            "variants": "E",
+            "eval_time": "none",
+        }
+    )
+
+
+def run_options(out, **kw):
+    """Run options writing to ``out``, silent (no progress, no log); ``kw`` sets the rest."""
+    return RunOptions(out=out, progress=NoProgress, log=lambda m: None, argv=["attnbench"], **kw)

@@ -1,0 +1,189 @@
+"""The fused paths wired into the registry, checked on a CPU.
+
+* FlexAttention (``flex`` of local, atrous, sparse, strided, fixed, bigbird, longnet): the
+  registry's path function run eagerly, forward only, against the mechanism's own reference, at
+  odd lengths, causal and not, default and sparse parameters.
+* Triton (``triton`` of gau, flash, linear, retention): what each path refuses, before any kernel
+  runs. The wired path functions themselves are run under Triton's interpreter in
+  tests/kernels/interpreted_triton.py, on a GPU in tests/kernels/test_fused_gpu.py.
+* ``attnbench list`` and ``attnbench check`` with a fused path on a machine without CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnbench import registry
+from attnbench.api import attention
+from attnbench.cli import app
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
+from attnbench.core.testing import compare_paths
+from attnbench.variants.sparse.longnet import multiplicity
+
+NO_CUDA = not torch.cuda.is_available()
+#: Mechanism -> its fused path and what that path needs.
+FLEX_WIRED = ("local", "atrous", "sparse", "strided", "fixed", "bigbird", "longnet")
+TRITON_WIRED = ("gau", "flash", "linear", "retention")
+
+#: Non-default parameters that make the pattern sparse at T = 37 (the defaults' windows and
+#: strides of 64 see nearly everything at such lengths, so they are run once).
+SPARSE_PARAMS: dict[str, list[dict]] = {
+    "local": [{"window": 3}],
+    "atrous": [{"r": 3}],
+    "sparse": [{"window": 2, "r": 5}],
+    "strided": [{"s": 4}],
+    "fixed": [{"s": 6, "c": 2}],
+    "bigbird": [
+        {"block": 4, "window_blocks": 1, "global_blocks": 1, "random_blocks": 2, "seed": 3}
+    ],
+    # Overlapping branches (pairs of multiplicity 2 and 3), and branches leaving rows uncovered.
+    "longnet": [{"segments": "4:1,8:2,16:4"}, {"segments": "6:2,9:3"}],
+}
+#: (T, causal) for each sparse parameter set; the defaults run at (37, causal). Each eager flex
+#: call costs ~0.3-0.6 s here (dynamo traces the mask_mod for every new length and direction).
+GRID = ((7, True), (37, False), (37, True))
+
+
+def test_fused_paths_are_wired():
+    for name in FLEX_WIRED + TRITON_WIRED:
+        mech = registry.get(name)
+        kind = "flex" if name in FLEX_WIRED else "triton"
+        path = mech.path(kind)
+        assert path.kind == "fused" and path.memory
+        assert {r.name for r in path.requires} == {"cuda", kind}
+        assert mech.default_path.kind == "efficient", name
+
+
+@pytest.mark.parametrize("name", FLEX_WIRED)
+def test_flex_path_matches_reference_on_cpu(name):
+    """The registry's flex path function (eager flex, forward) against the mechanism's dense
+    reference. The sparse cases are checked to really be sparse at T = 37, so a path that ignored
+    the BlockMask would fail."""
+    mech = registry.get(name)
+    fn = mech.path("flex")
+    cases = [({}, 37, True)] + [(p, t, c) for p in SPARSE_PARAMS[name] for t, c in GRID]
+    failed = []
+    for overrides, t, causal in cases:
+        params = mech.resolve(overrides)
+        if overrides and t == 37:
+            dense = t * (t + 1) // 2 if causal else t * t
+            assert mech.count_pairs(t, causal, params) < dense, (overrides, t, causal)
+        inputs = make_inputs(mech, Shape(2, 2, t, 16), params, seed=t + causal)
+        kwargs = {"causal": causal, **params}
+        verdicts = compare_paths(fn, mech.reference, inputs, kwargs, backward=False)
+        failed += [f"{overrides} T{t} causal={causal}: {v}" for v in verdicts if not v.ok]
+    assert not failed, "; ".join(failed)
+
+
+def test_longnet_cases_need_the_multiplicity_bias():
+    """The longnet cases above have pairs covered by several branches, so the flex path's
+    log-multiplicity score_mod is exercised (without it they would fail)."""
+    mech = registry.get("longnet")
+    idx = torch.arange(37)
+    for overrides in SPARSE_PARAMS["longnet"]:
+        params = mech.resolve(overrides)
+        m = multiplicity(idx[:, None], idx[None, :], 37, False, params)
+        assert int(m.max()) >= 2, overrides
+
+
+# --------------------------------------------------------------------------------------------
+# Refusals: one line saying why and which path to use
+# --------------------------------------------------------------------------------------------
+
+
+def _inputs(name: str, overrides: dict, t: int = 8) -> tuple[dict, dict]:
+    mech = registry.get(name)
+    params = mech.resolve(overrides)
+    inputs = make_inputs(mech, mech.shape_for(Shape(1, 2, t, 16), params), params)
+    return inputs, params
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides", "causal", "match"),
+    [
+        ("gau", {"scoring": "softmax"}, True, "scoring=softmax: the kernel computes relu2 only"),
+        ("gau", {"scoring": "softmax_plus"}, False, "efficient path runs the softmax scorings"),
+        ("flash", {"chunk": 12}, True, "power of two >= 16 .got chunk=12.; use the efficient"),
+        ("flash", {"chunk": 8}, True, "power of two >= 16"),
+        ("retention", {}, False, "causal only"),
+    ],
+)
+def test_triton_path_refusals_are_one_line(name, overrides, causal, match):
+    inputs, params = _inputs(name, overrides)
+    fn = registry.get(name).path("triton")
+    with pytest.raises(AttnbenchError, match=match) as info:
+        fn(**inputs, causal=causal, **params)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")
+@pytest.mark.parametrize("name", ["linear", "flash"])
+def test_triton_path_function_on_cpu_tensors_says_why(name, monkeypatch):
+    """What passes the parameter checks still needs CUDA tensors (or the interpreter)."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    inputs, params = _inputs(name, {"chunk": 16} if name == "flash" else {})
+    with pytest.raises(AttnbenchError, match="needs CUDA tensors"):
+        registry.get(name).path("triton")(**inputs, causal=True, **params)
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")
+@pytest.mark.parametrize(("name", "path"), [("local", "flex"), ("retention", "triton")])
+def test_api_fused_path_without_cuda(name, path):
+    inputs, params = _inputs(name, {})
+    with pytest.raises(AttnbenchError, match="needs CUDA") as info:
+        attention(name, **inputs, causal=True, path=path)
+    assert "\n" not in str(info.value) and "paths that can: " in str(info.value)
+
+
+# --------------------------------------------------------------------------------------------
+# The CLI
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the reasons shown on a machine without CUDA")
+def test_list_shows_wired_fused_paths_needing_cuda():
+    result = CliRunner().invoke(app, ["list", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    entries = {e["name"]: e for e in json.loads(result.stdout)}
+    for name in FLEX_WIRED + TRITON_WIRED:
+        paths = {p["name"]: p for p in entries[name]["paths"]}
+        fused = paths["flex" if name in FLEX_WIRED else "triton"]
+        assert fused["kind"] == "fused" and not fused["available"]
+        assert fused["reason"].startswith("needs CUDA"), fused
+    table = CliRunner().invoke(app, ["list", "--family", "sparse"])
+    words = " ".join(table.stdout.replace("│", " ").split())  # the table may wrap a cell
+    assert table.exit_code == 0 and words.count("not here (needs CUDA)") >= 7, table.stdout
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["check", "local", "--path", "flex"],
+        ["check", "retention", "--causal", "--path", "chunkwise", "--path", "triton"],
+        ["check", "softmax", "--path", "sdpa-flash", "--n", "9"],
+    ],
+    ids=["flex", "triton", "sdpa"],
+)
+def test_check_unavailable_path_asked_for_is_one_line_exit_2(args):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot run here: needs CUDA" in lines[0], result.stderr
+    assert "paths that can: " in lines[0] and "triton" not in lines[0].split("can: ")[1]
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")
+def test_check_without_path_skips_unavailable_ones_and_device_cuda_needs_a_gpu():
+    result = CliRunner().invoke(app, ["check", "gau", "--n", "9", "--head-dim", "8"])
+    assert result.exit_code == 0, result.output
+    assert "skipped: needs CUDA" in result.stdout and "efficient" in result.stdout
+    result = CliRunner().invoke(app, ["check", "local", "--device", "cuda"])
+    assert result.exit_code == 2
+    assert "no CUDA GPU is visible" in result.stderr.strip()

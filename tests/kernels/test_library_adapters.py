@@ -1,0 +1,247 @@
+"""The FLA, SageAttention and xFormers adapters on the CPU, where the libraries' kernels cannot
+run (FLA's autotuned Triton kernels find no driver under the interpreter; SageAttention asserts
+CUDA; xFormers' wheel is built for CUDA torch).
+
+Each kernel is replaced by the library's own statement of what it computes: FLA's naive
+implementations shipped in fla-core (fla/ops/*/naive.py), wrapped to the kernel's signature
+(outputs and gradients, float32 and both half types); for SageAttention and xFormers, exact
+softmax following their documentation, which also checks how it is called. What is tested is
+the adapter (layout, scale, feature map, normaliser, decays, window, refusals) against the
+mechanism's dense reference; the kernels themselves on a GPU (tests/kernels/test_fused_gpu.py).
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+import warnings
+
+import pytest
+import torch
+
+from attnbench import registry
+from attnbench.core.errors import AttnbenchError
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Shape
+from attnbench.core.testing import compare_paths, judge_approximate
+from attnbench.libraries import fla
+
+with warnings.catch_warnings():  # "Triton is not supported on current platform": expected here
+    warnings.simplefilter("ignore")
+    naive = pytest.importorskip("fla.ops.linear_attn.naive", reason="needs fla-core")
+    from fla.ops.attn.naive import naive_parallel_attn
+    from fla.ops.retention.naive import naive_retention
+
+CAUSAL = [True]  # FLA's kernels are causal only (bidirectional calls are refused, tested below)
+
+
+def _linear(q, k, v, scale=None, normalize=False):
+    """The chunk / recurrent kernel's contract, [B, T, H, D], by FLA's naive recurrence."""
+    return naive.naive_recurrent_linear_attn(q, k, v, scale=scale, normalize=normalize)
+
+
+def _retention(q, k, v, scale=None):
+    """FLA's naive retention takes [B, H, T, D] and the default scale 1/sqrt(d)."""
+    assert scale == pytest.approx(q.shape[-1] ** -0.5)
+    return naive_retention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(
+        1, 2
+    ), None
+
+
+def _parallel(q, k, v, scale=None, window_size=None):
+    o, _ = naive_parallel_attn(q, k, v, scale=scale, window_size=window_size, causal=True)
+    return o
+
+
+@pytest.fixture
+def fla_naive(monkeypatch):
+    table = {
+        "linear-chunk": _linear,
+        "linear-recurrent": _linear,
+        "retention-chunk": _retention,
+        "retention-recurrent": _retention,
+        "parallel": _parallel,
+    }
+    assert set(table) == set(fla.KERNELS)
+    monkeypatch.setattr(fla, "kernel", table.__getitem__)
+
+
+def _check(mech_name: str, path: str, overrides: dict, t: int, dtype, causal: bool = True):
+    mech = registry.get(mech_name)
+    params = mech.resolve(overrides)
+    shape = mech.shape_for(Shape(2, 3, t, 16), params)
+    x = make_inputs(mech, shape, params, seed=t, dtype=dtype, requires_grad=True)
+    verdicts = compare_paths(
+        mech.path(path), mech.reference, x, {"causal": causal, **params}, backward=mech.backward
+    )
+    assert all(v.ok for v in verdicts), "; ".join(map(str, verdicts))
+
+
+#: FLA's naive implementations compute in float32 whatever comes in (so float64 inputs would
+#: be judged against float32 arithmetic); the half types round their result as the kernels do.
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.usefixtures("fla_naive")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("form", fla.FORMS)
+@pytest.mark.parametrize("t", [1, 37, 130])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"feature_map": "relu", "normalize": False},
+        {"feature_map": "identity", "normalize": False},
+    ],
+    ids=["elu+1", "relu-bare", "identity-bare"],
+)
+def test_fla_linear_is_the_linear_mechanism(form, t, overrides, dtype):
+    _check("linear", f"fla-{form}", overrides, t, dtype)
+
+
+@pytest.mark.usefixtures("fla_naive")
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("form", fla.FORMS)
+@pytest.mark.parametrize("t", [1, 37, 130])
+def test_fla_retention_is_the_retention_mechanism(form, t, dtype):
+    _check("retention", f"fla-{form}", {}, t, dtype)
+
+
+@pytest.mark.usefixtures("fla_naive")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("t", [1, 37, 130])
+def test_fla_parallel_is_softmax_and_its_window_is_local(t, dtype):
+    _check("softmax", "fla-parallel", {}, t, dtype)
+    for window in (1, 5, 64, 200):
+        _check("local", "fla-parallel", {"window": window}, t, dtype)
+
+
+@pytest.mark.usefixtures("fla_naive")
+def test_fla_refusals_name_what_fla_computes():
+    x = make_inputs(registry.get("linear"), Shape(1, 2, 8, 4), {}, seed=0)
+    refused = [("linear", "fla-chunk"), ("softmax", "fla-parallel"), ("local", "fla-parallel")]
+    for mech, path in refused:
+        m = registry.get(mech)
+        with pytest.raises(AttnbenchError, match="causal only"):
+            m.path(path)(x["q"], x["k"], x["v"], causal=False, **m.resolve({}))
+    ret = registry.get("retention")
+    with pytest.raises(AttnbenchError, match="normalize=none only"):
+        params = ret.resolve({"normalize": "rownorm"})
+        ret.path("fla-chunk")(x["q"], x["k"], x["v"], causal=True, **params)
+
+
+def test_fla_kernel_that_does_not_import_is_a_one_line_error(monkeypatch):
+    monkeypatch.setitem(fla.KERNELS, "parallel", ("fla.ops.no_such_module", "parallel_attn"))
+    with pytest.raises(AttnbenchError, match=r"fla-core: .* does not import .*attnbench\[fla\]"):
+        fla.kernel("parallel")
+
+
+# --------------------------------------------------------------------------------------------
+# SageAttention
+# --------------------------------------------------------------------------------------------
+
+SOFTMAX = registry.get("softmax")
+
+
+@pytest.fixture
+def fake_sage(monkeypatch):
+    """A ``sageattention`` module whose ``sageattn`` is exact softmax attention, asserting the
+    call the adapter must make (layout HND, scale 1/sqrt(d), no in-place smoothing, keys with
+    zero mean over the sequence)."""
+    calls = []
+
+    def sageattn(q, k, v, tensor_layout, is_causal, sm_scale, smooth_k):
+        assert tensor_layout == "HND" and smooth_k is False
+        assert sm_scale == pytest.approx(q.shape[-1] ** -0.5)
+        assert k.mean(dim=-2).abs().max() < 1e-6 * max(1.0, k.abs().max().item())
+        calls.append(is_causal)
+        return SOFTMAX.reference(q, k, v, causal=is_causal)
+
+    module = types.ModuleType("sageattention")
+    module.sageattn = sageattn
+    monkeypatch.setitem(sys.modules, "sageattention", module)
+    return calls
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+def test_sage_adapter_smooths_a_copy_of_k_and_matches_softmax(fake_sage, causal):
+    x = make_inputs(SOFTMAX, Shape(2, 3, 37, 64), {}, seed=1, dtype=torch.float64)
+    k_before = x["k"].clone()
+    path = SOFTMAX.path("sage")
+    kwargs = {"causal": causal}
+    verdicts = compare_paths(path, SOFTMAX.reference, x, kwargs, tolerance=path.tolerance)
+    assert all(v.ok for v in verdicts), "; ".join(map(str, verdicts))
+    assert torch.equal(x["k"], k_before)  # the caller's keys are not modified
+    assert fake_sage == [causal]
+
+
+def test_sage_refuses_head_dims_without_a_kernel_and_backward(fake_sage):
+    x = make_inputs(SOFTMAX, Shape(1, 1, 8, 32), {}, seed=1)
+    with pytest.raises(AttnbenchError, match=r"head dims \(64, 96, 128\)"):
+        SOFTMAX.path("sage")(x["q"], x["k"], x["v"], causal=False)
+    reasons = SOFTMAX.path("sage").not_supported_reasons("cuda", backward=True)
+    assert any("forward only" in r for r in reasons)
+
+
+def test_approximate_judge_uses_its_own_bound():
+    oracle = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    near = oracle + torch.tensor([0.0, 0.05, 0.0], dtype=torch.float64)  # 2.5 % of max |oracle|
+    far = oracle + torch.tensor([0.0, 0.07, 0.0], dtype=torch.float64)  # 3.5 %
+    assert judge_approximate("o", near, oracle, oracle, 0.03).ok
+    verdict = judge_approximate("o", far, oracle, oracle, 0.03)
+    assert not verdict.ok and verdict.allowed == pytest.approx(0.06)
+
+
+# --------------------------------------------------------------------------------------------
+# xFormers
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_xformers(monkeypatch):
+    """``xformers.ops.fmha`` as its documentation states it: [B, M, H, K] in, softmax of
+    scale * Q K^T plus the bias; ``LocalAttentionFromBottomRightMask`` lets query q see key k when
+    q - window_left <= k + s <= q + window_right (s = queries - keys)."""
+
+    class LowerTriangularMask:
+        def visible(self, i, j):
+            return j <= i
+
+    class LocalAttentionFromBottomRightMask:
+        def __init__(self, window_left, window_right):
+            self.left, self.right = window_left, window_right
+
+        def visible(self, i, j):
+            return (i - self.left <= j) & (j <= i + self.right)
+
+    def memory_efficient_attention(query, key, value, attn_bias=None, scale=None):
+        assert query.stride(-1) == 1 and scale is not None
+        q, k, v = (x.transpose(1, 2) for x in (query, key, value))
+        scores = (q @ k.transpose(-2, -1)) * scale
+        if attn_bias is not None:
+            i = torch.arange(q.shape[-2])[:, None]
+            j = torch.arange(k.shape[-2])[None, :]
+            scores = scores.masked_fill(~attn_bias.visible(i, j), float("-inf"))
+        return (scores.softmax(-1) @ v).transpose(1, 2)
+
+    fmha = types.SimpleNamespace(
+        attn_bias=types.SimpleNamespace(
+            LowerTriangularMask=LowerTriangularMask,
+            LocalAttentionFromBottomRightMask=LocalAttentionFromBottomRightMask,
+        ),
+        memory_efficient_attention=memory_efficient_attention,
+    )
+    package, ops = types.ModuleType("xformers"), types.ModuleType("xformers.ops")
+    ops.fmha = fmha
+    package.ops = ops
+    monkeypatch.setitem(sys.modules, "xformers", package)
+    monkeypatch.setitem(sys.modules, "xformers.ops", ops)
+
+
+@pytest.mark.usefixtures("fake_xformers")
+@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
+@pytest.mark.parametrize("t", [1, 37, 130])
+def test_xformers_adapter_is_softmax_and_local(causal, t):
+    _check("softmax", "xformers", {}, t, torch.float64, causal=causal)
+    for window in (1, 5, 64, 200):
+        _check("local", "xformers", {"window": window}, t, torch.float64, causal=causal)

@@ -1,0 +1,187 @@
+"""The runtime both experiments share: worker processes whose death is noticed, and Ray tasks
+retried once in a fresh process (with a stand-in for Ray that records what it was asked)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+import pytest
+
+from attnbench.runtime.processes import WorkerProcess, run_each_in_a_process
+from attnbench.runtime.ray_tasks import error_reason, tasks_with_one_retry
+
+
+def job(x, offset=0):
+    """What the worker processes run: ``x`` is a number, or says how to fail."""
+    if x == "raise":
+        raise ValueError("bad job")
+    if x == "exit":
+        sys.exit(3)
+    if x == "crash":
+        os._exit(70)
+    return x + offset
+
+
+def test_a_worker_runs_jobs_one_after_another_and_reports_errors():
+    worker = WorkerProcess(job, (10,))
+    try:
+        assert worker.run(1) == ("ok", 11)
+        kind, error = worker.run("raise")
+        assert kind == "error" and isinstance(error, ValueError) and "bad job" in str(error)
+        assert worker.run(2) == ("ok", 12)  # an error does not end the process
+    finally:
+        worker.stop()
+    assert not worker.proc.is_alive()
+
+
+def test_a_dead_worker_reads_as_died_with_its_exit_code():
+    worker = WorkerProcess(job)
+    try:
+        assert worker.run("crash") == ("died", 70)
+    finally:
+        worker.stop()
+
+
+def test_exceptions_outside_report_end_the_process():
+    reporting = WorkerProcess(job)
+    strict = WorkerProcess(job, report=Exception)
+    try:
+        assert reporting.run("exit")[0] == "error"  # SystemExit is sent back
+        assert strict.run("exit") == ("died", 3)  # SystemExit ends the process
+    finally:
+        reporting.stop()
+        strict.stop()
+
+
+def test_each_job_in_its_own_process_several_at_once():
+    jobs = [1, "crash", 2, "raise", 3]
+    with contextlib.closing(run_each_in_a_process(jobs, job, (100,), at_once=3)) as ends:
+        found = dict(ends)
+    assert found[1] == ("ok", 101) and found[2] == ("ok", 102) and found[3] == ("ok", 103)
+    assert found["crash"] == ("died", 70)
+    assert found["raise"][0] == "error" and isinstance(found["raise"][1], ValueError)
+
+
+class Ref:
+    """A task's result, as Ray's object reference stands for it (hashable, by identity)."""
+
+    def __init__(self, kind, value):
+        self.kind, self.value = kind, value
+
+
+class FakeRay:
+    """Ray's calls as the runtime uses them, run in this process: ``remote`` records its options,
+    ``get`` raises what the task raised."""
+
+    def __init__(self):
+        self.calls: list[tuple[dict, tuple]] = []
+        self.cancelled: list[object] = []
+
+    def remote(self, **options):
+        def wrap(fn):
+            calls = self.calls
+
+            class Task:
+                def remote(self, *args):
+                    calls.append((options, args))
+                    try:
+                        return Ref("value", fn(*args))
+                    except Exception as e:
+                        return Ref("error", e)
+
+            return Task()
+
+        return wrap
+
+    def wait(self, refs, num_returns):
+        return refs[:num_returns], refs[num_returns:]
+
+    def get(self, ref):
+        if ref.kind == "error":
+            raise ref.value
+        return ref.value
+
+    def cancel(self, ref, force):
+        self.cancelled.append(ref)
+
+
+class WorkerCrashedError(Exception):
+    pass
+
+
+def flaky(name, attempt):
+    if name == "crash-once" and attempt == 1:
+        raise WorkerCrashedError("the worker died")
+    if name == "always":
+        raise RuntimeError(f"broken on attempt {attempt}\nsecond line")
+    if name == "bad-result" and attempt == 1:
+        return {"status": "failed", "reason": "sticky"}
+    return {"status": "ok", "name": name, "attempt": attempt}
+
+
+def test_a_failed_task_is_retried_once_in_a_fresh_process():
+    ray, retried = FakeRay(), []
+    jobs = ["fine", "crash-once", "always", "bad-result"]
+    ends = list(
+        tasks_with_one_retry(
+            ray,
+            flaky,
+            jobs,
+            lambda name, attempt: (name, attempt),
+            {"num_cpus": 2},
+            failed=lambda r: None if r["status"] == "ok" else r["reason"],
+            on_retry=lambda name, why: retried.append((name, why)),
+        )
+    )
+    by_job = {e.job: e for e in ends}
+    assert set(by_job) == set(jobs)
+    assert by_job["fine"].attempt == 1 and by_job["fine"].result["status"] == "ok"
+    assert by_job["crash-once"].attempt == 2 and by_job["crash-once"].error is None
+    assert by_job["bad-result"].attempt == 2 and by_job["bad-result"].result["attempt"] == 2
+    assert by_job["always"].attempt == 2
+    assert str(by_job["always"].error).startswith("broken on attempt 2")
+    assert dict(retried) == {
+        "crash-once": "the process running it died (WorkerCrashedError)",
+        "always": "RuntimeError: broken on attempt 1",
+        "bad-result": "sticky",
+    }
+    first = [o for o, args in ray.calls if args[1] == 1]
+    again = [o for o, args in ray.calls if args[1] == 2]
+    assert all(o == {"max_retries": 0, "num_cpus": 2} for o in first)
+    assert all(o == {"max_retries": 0, "max_calls": 1, "num_cpus": 2} for o in again)
+    assert len(again) == 3
+
+
+def test_ctrl_c_cancels_what_is_pending():
+    ray = FakeRay()
+    ends = tasks_with_one_retry(ray, flaky, ["a", "b", "c"], lambda n, a: (n, a), {})
+    assert next(ends).pending == 2
+    with pytest.raises(KeyboardInterrupt):
+        ends.throw(KeyboardInterrupt)
+    assert len(ray.cancelled) == 2
+
+
+def test_error_reason_is_one_line():
+    assert error_reason(ValueError("")) == "ValueError"
+    assert error_reason(ValueError("x" * 500 + "\nmore")) == "ValueError: " + "x" * 200
+
+
+def test_a_few_workers_share_the_jobs_and_give_results_in_order():
+    from attnbench.runtime.processes import map_in_workers
+
+    assert list(map_in_workers(range(7), job, (1,), workers=3)) == [1, 2, 3, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize(("bad", "error"), [("raise", ValueError), ("crash", Exception)])
+def test_a_failed_job_of_the_workers_raises_once_they_are_stopped(bad, error):
+    from attnbench.runtime.processes import map_in_workers
+
+    got = []
+    with pytest.raises(error) as caught:
+        for result in map_in_workers([1, 2, bad, 4], job, (0,), workers=2):
+            got.append(result)
+    assert got in ([], [1], [1, 2])  # in order, and nothing after the failed job
+    if bad == "crash":
+        assert "exited with code 70" in str(caught.value)
