@@ -19,7 +19,6 @@ from attnbench.bench.failures import (
     one_line,
 )
 from attnbench.bench.plan import Case, Group
-from attnbench.bench.progress import Reporter
 from attnbench.bench.results import (
     COLUMNS,
     CaseSamples,
@@ -30,6 +29,7 @@ from attnbench.bench.results import (
 )
 from attnbench.measure.flops import count_flops
 from attnbench.measure.timing import per_round_ratios
+from attnbench.runtime.progress import Progress
 
 
 class Recorder:
@@ -40,7 +40,7 @@ class Recorder:
         suite: SpeedSuite,
         writer: ResultsWriter,
         samples_writer: SamplesWriter | None,
-        reporter: Reporter,
+        progress: Progress,
         *,
         threads: int,
         clock: str,
@@ -50,7 +50,7 @@ class Recorder:
         self.suite = suite
         self.writer = writer
         self.samples_writer = samples_writer  # per-round samples of every ok row
-        self.reporter = reporter
+        self.progress = progress
         self.threads = threads
         self.clock = clock  # the clock column: wall, process-cpu or cuda-events
         self.device_name = device_name
@@ -58,6 +58,7 @@ class Recorder:
         #: them for ref_ratio; its own unit writes its rows). None: every row.
         self.recorded = recorded
         self.rows: list[dict[str, Any]] = []
+        self.emitted = 0  # rows written by this run (not those resumed)
         self.done: set[int] = set()  # id() of cases that have a row
         self.skip: dict[tuple, str] = {}  # series -> why its longer lengths are skipped
         self.previous: dict[tuple[str, ...], str] = {}  # a resumed run's row keys -> status
@@ -131,7 +132,8 @@ class Recorder:
         self.writer.write(row)
         self.rows.append(row)
         self.done.add(id(case))
-        self.reporter.row(row)
+        self.emitted += 1
+        self.progress.advance(self.emitted, row=row)
 
     def fail(self, case: Case, e: BaseException) -> None:
         """An exception while setting up, warming up or timing a case: an oom or error row."""

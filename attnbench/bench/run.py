@@ -43,7 +43,6 @@ from attnbench import registry
 from attnbench.bench.complexity import fit_exponents
 from attnbench.bench.config import SpeedSuite, reference_pair
 from attnbench.bench.plan import Group, plan
-from attnbench.bench.progress import Reporter, Silent
 from attnbench.bench.provenance import (
     calibration,
     finish_sidecar,
@@ -73,6 +72,7 @@ from attnbench.core.spec import Mechanism
 from attnbench.measure import machine
 from attnbench.measure.timing import Clock, retain_freed_memory
 from attnbench.runtime.outputs import ensure_dir
+from attnbench.runtime.progress import Progress, Silent
 
 
 def prepare_out_dir(out: FilePath, overwrite: bool) -> None:
@@ -97,7 +97,7 @@ def run_speed(
     out_dir: FilePath,
     *,
     mechanisms: Sequence[Mechanism] | None = None,
-    reporter: Reporter | None = None,
+    progress: Progress | None = None,
     overwrite: bool = False,
     command: Sequence[str] | None = None,
     resume: bool = False,
@@ -107,7 +107,7 @@ def run_speed(
     and ``complexity.csv`` into ``out_dir``. Never raises on a failing case; raises
     AttnbenchError only for bad input, before anything runs. ``unit``: run only that unit of
     the sweep (:mod:`attnbench.bench.units`), its rows only."""
-    reporter = reporter or Silent()
+    progress = progress or Silent()
     mechanisms = list(mechanisms if mechanisms is not None else registry.MECHANISMS)
     device = suite.torch_device()
     groups = plan(suite, mechanisms)
@@ -130,10 +130,10 @@ def run_speed(
     writer = ResultsWriter(csv_path, append=bool(previous))
     samples_writer = SamplesWriter(out_dir / SAMPLES_NAME, append=bool(previous))
     clock = Clock(device, suite.timing.clock)
-    book = Recorder(suite, writer, samples_writer, reporter, threads=threads, clock=clock.name,
+    book = Recorder(suite, writer, samples_writer, progress, threads=threads, clock=clock.name,
                     device_name=machine.device_name(device),
                     recorded=None if unit is None else {unit.mechanism})  # fmt: skip
-    runner = SweepRunner(suite, groups, book, reporter, ref, clock)
+    runner = SweepRunner(suite, groups, book, progress, ref, clock)
     if unit is not None:
         sidecar["unit"] = unit.id
     total = sum(1 for g in groups for c in g.cases if book.writes(c))
@@ -142,15 +142,15 @@ def run_speed(
         sidecar["resumed_with_rows"] = len(previous)
     try:
         for w in before:
-            reporter.warning(w)
-        reporter.start(total, f"{suite.name} on {machine.device_name(device)}")
+            progress.warning(w)
+        progress.start(f"{suite.name} on {machine.device_name(device)}", total)
         interrupted = runner.run()
     finally:
         writer.close()
         samples_writer.close()
         torch.set_num_threads(threads_before)
         load = watch.stop()
-        reporter.finish()
+        progress.finish()
     wall = time.perf_counter() - started
     return _finish(suite, runner, out_dir, sidecar, interrupted, wall, load, before, busy_threads)
 

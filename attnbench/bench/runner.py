@@ -15,7 +15,6 @@ from attnbench.bench.config import SpeedSuite
 from attnbench.bench.failures import StickyDeviceError
 from attnbench.bench.member import Member, free_memory, set_up
 from attnbench.bench.plan import Case, Group, unsupported_reason
-from attnbench.bench.progress import Reporter
 from attnbench.bench.record import Recorder
 from attnbench.core.errors import AttnbenchError
 from attnbench.measure.flops import MatmulAnchor
@@ -28,6 +27,7 @@ from attnbench.measure.timing import (
     stats,
     warm_up,
 )
+from attnbench.runtime.progress import Progress
 
 #: Exponent used to predict a path's next call time from its current one (dense attention's n^2;
 #: linear paths are over-predicted, which only skips them earlier under a tight limit).
@@ -42,14 +42,14 @@ class SweepRunner:
         suite: SpeedSuite,
         groups: list[Group],
         book: Recorder,
-        reporter: Reporter,
+        progress: Progress,
         ref: tuple[str, str] | None,
         clock: Clock,
     ) -> None:
         self.suite = suite
         self.groups = groups
         self.book = book
-        self.reporter = reporter
+        self.progress = progress
         self.ref = ref
         self.clock = clock
         self.device = suite.torch_device()
@@ -74,7 +74,7 @@ class SweepRunner:
 
     # -- one group -----------------------------------------------------------------------------
     def run_group(self, group: Group) -> None:
-        self.reporter.group(group.label())
+        self.progress.stage(group.label())
         inputs_cache: dict[tuple, dict[str, torch.Tensor]] = {}
         members: list[Member] = []
         need_fwd_memory = "fwd" not in {c.direction for c in group.cases}
@@ -119,7 +119,7 @@ class SweepRunner:
     def _anchor(self, dtype: torch.dtype) -> tuple[MatmulAnchor, int]:
         """The group's matmul (built and warmed once per dtype) and its calls per sample."""
         if dtype not in self.anchors:
-            self.reporter.note(f"warming up the {str(dtype).removeprefix('torch.')} matmul")
+            self.progress.note(f"warming up the {str(dtype).removeprefix('torch.')} matmul")
             anchor = MatmulAnchor(self.device, dtype, self.suite.matmul_size)
             warm = warm_up(anchor, self.clock, self.suite.timing)
             self.anchors[dtype] = (anchor, block_calls(warm.per_call_s, self.suite.timing))
@@ -137,7 +137,7 @@ class SweepRunner:
         for r in range(policy.rounds):
             if r >= policy.min_rounds and time.perf_counter() - started >= policy.group_budget_s:
                 break
-            self.reporter.note(f"round {r + 1}")
+            self.progress.note(f"round {r + 1}")
             slots: list[Member | None] = [None, *members]  # None: the matmul
             for i in round_order(len(slots), r, policy.order):
                 m = slots[i]

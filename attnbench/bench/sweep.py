@@ -48,13 +48,13 @@ from attnbench.runtime.engines import (
     check_executor,
     check_fits,
     died_reason,
-    in_shard,
     inject_fault,
     ray_session,
     require_ray,
 )
 from attnbench.runtime.processes import WorkerProcess
 from attnbench.runtime.ray_tasks import error_reason, tasks_with_one_retry
+from attnbench.runtime.units import shard_units
 
 
 @dataclass
@@ -185,7 +185,7 @@ def plan_sweep(suite, out: Path, shard, resume: bool, overwrite: bool, mechanism
     names = [m.name for m in (mechanisms if mechanisms is not None else registry.MECHANISMS)]
     out.mkdir(parents=True, exist_ok=True)
     write_plan(out, plan_document(suite, units, names))
-    mine = [u for u in units if in_shard(u.index, shard)]
+    mine = shard_units(units, shard)
     done = [u for u in mine if unit_dir(out, u).exists()]
     if done and not (resume or overwrite):
         raise AttnbenchError(

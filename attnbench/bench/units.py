@@ -28,12 +28,13 @@ import os
 import shutil
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.runtime.outputs import private_name, write_text
+from attnbench.runtime.units import Unit as RuntimeUnit
 
 PLAN_NAME = "plan.json"
 UNITS_DIR = "units"
@@ -49,30 +50,33 @@ STUB_COLUMNS = (
 
 
 @dataclass(frozen=True)
-class Unit:
+class Unit(RuntimeUnit):
     """One unit of a speed sweep; ``cases`` are the stub rows (STUB_COLUMNS) it writes, each
     with its position in the whole plan (``order``) and its group's (``group``)."""
 
-    index: int
-    id: str
     device: str
     dtype: str
     head_dim: int
     causal: bool
     mechanism: str
     cases: tuple[dict[str, Any], ...]
+    kind: str = field(default="speed", kw_only=True)
 
-    def plain(self) -> dict[str, Any]:
+    LISTS_KIND: ClassVar[bool] = False  # one kind only: the listing keeps its shape
+
+    def details(self) -> dict[str, Any]:
         return {
-            "index": self.index,
-            "id": self.id,
             "device": self.device,
             "dtype": self.dtype,
             "head_dim": self.head_dim,
             "causal": self.causal,
             "mechanism": self.mechanism,
-            "cases": [dict(c) for c in self.cases],
+            "cases": len(self.cases),
         }
+
+    def plain(self) -> dict[str, Any]:
+        """The unit as plan.json holds it: its listing, with the cases themselves."""
+        return self.as_dict() | {"cases": [dict(c) for c in self.cases]}
 
     @classmethod
     def from_plain(cls, d: dict[str, Any]) -> Unit:

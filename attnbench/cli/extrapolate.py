@@ -306,7 +306,7 @@ def _print_units(cfg: ExtrapConfig, opts: RunOptions) -> None:
     from attnbench.extrapolation.plan import list_units
 
     opts.check()
-    typer.echo(json.dumps(list_units(cfg, opts), indent=1))
+    typer.echo(json.dumps([u.as_dict(opts.shard) for u in list_units(cfg, opts)], indent=1))
 
 
 def entropy(

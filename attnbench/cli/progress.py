@@ -1,11 +1,13 @@
-"""Progress of a training run on the terminal: a rich bar, or plain lines when stderr is not a
-terminal (CI logs, pipes)."""
+"""Progress of a training run on the terminal (:class:`attnbench.runtime.progress.Progress`
+drawn): a rich bar, or plain lines when stderr is not a terminal (CI logs, pipes)."""
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -15,10 +17,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from attnbench.extrapolation.progress import LogProgress, TrainProgress
+from attnbench.runtime import progress
 
 
-class LineProgress(LogProgress):
+class LineProgress(progress.LogLines):
     """Plain lines on ``stream`` (stderr: not a terminal, as CI logs and pipes), about ``lines``
     per training."""
 
@@ -29,6 +31,9 @@ class LineProgress(LogProgress):
     def say(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
 
+    def warning(self, text: str) -> None:
+        self.say(f"warning: {text}")
+
 
 class RichProgress:
     """One bar per training: steps, loss, tokens/s, elapsed, remaining."""
@@ -38,7 +43,7 @@ class RichProgress:
         self._bar: Progress | None = None
         self._task = None
 
-    def start(self, title: str, total: int, completed: int) -> None:
+    def start(self, title: str, total: int, completed: int = 0) -> None:
         self._bar = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -53,15 +58,29 @@ class RichProgress:
         self._bar.start()
         self._task = self._bar.add_task(title, total=total, completed=completed, loss="-", tps="-")
 
-    def update(self, step: int, loss: float, tokens_per_s: float) -> None:
-        self._bar.update(self._task, completed=step, loss=f"{loss:.3f}", tps=f"{tokens_per_s:,.0f}")
+    def stage(self, label: str) -> None:
+        pass
 
-    def stop(self) -> None:
+    def advance(self, completed: int, **fields: Any) -> None:
+        shown = {}
+        if "loss" in fields:
+            shown["loss"] = f"{fields['loss']:.3f}"
+        if "tokens_per_s" in fields:
+            shown["tps"] = f"{fields['tokens_per_s']:,.0f}"
+        self._bar.update(self._task, completed=completed, **shown)
+
+    def note(self, text: str) -> None:
+        self.console.print(escape(text), soft_wrap=True)
+
+    def warning(self, text: str) -> None:
+        self.console.print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True)
+
+    def finish(self) -> None:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
 
 
-def default_progress() -> TrainProgress:
+def default_progress() -> progress.Progress:
     """A rich bar when stderr is a terminal, plain lines otherwise."""
     return RichProgress() if sys.stderr.isatty() else LineProgress()

@@ -14,8 +14,8 @@ from rich.markup import escape
 
 from attnbench.cli.common import Choice, err, out, parse_params
 from attnbench.cli.speed_report import (
-    PlainReporter,
-    RichReporter,
+    SweepBar,
+    SweepLines,
     draw_figures,
     print_summary,
     summary_json,
@@ -177,16 +177,11 @@ ListUnitsOption = Annotated[
 def print_units(suite, shard: tuple[int, int] | None, fmt: str) -> None:
     """--list-units: every unit of the sweep, in plan order, with the shard that runs it."""
     from attnbench.bench.units import speed_units
-    from attnbench.runtime.engines import in_shard
+    from attnbench.runtime.units import shard_units
 
-    units = [u for u in speed_units(suite) if in_shard(u.index, shard)]
+    units = shard_units(speed_units(suite), shard)
     if fmt == "json":
-        typer.echo(json.dumps([
-            {"index": u.index, "id": u.id, "device": u.device, "dtype": u.dtype,
-             "head_dim": u.head_dim, "causal": u.causal, "mechanism": u.mechanism,
-             "cases": len(u.cases)} | ({"shard": u.index % shard[1]} if shard else {})
-            for u in units
-        ], indent=1))  # fmt: skip
+        typer.echo(json.dumps([u.as_dict(shard) for u in units], indent=1))
         return
     for u in units:
         out.print(f"{u.index:4d} {escape(u.id)} ({len(u.cases)} cases)")
@@ -345,8 +340,8 @@ def in_process(
     if out_dir is None:
         stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         out_dir = Path("runs") / "speed" / f"{suite.name}-{stamp}"
-    reporter = RichReporter() if sys.stderr.isatty() else PlainReporter()
-    return run_speed(suite, out_dir, reporter=reporter, overwrite=overwrite, resume=resume)
+    progress = SweepBar() if sys.stderr.isatty() else SweepLines()
+    return run_speed(suite, out_dir, progress=progress, overwrite=overwrite, resume=resume)
 
 
 def finish(run: SpeedRun, plot: bool, fmt: str) -> None:

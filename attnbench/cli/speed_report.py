@@ -1,6 +1,6 @@
-"""What ``attnbench run speed`` and ``attnbench merge`` print: a sweep's progress (one plain line
-per case, or a rich bar when stderr is a terminal) and the end-of-run summary (a table, or JSON),
-its warnings and figures."""
+"""What ``attnbench run speed`` and ``attnbench merge`` print: a sweep's progress (the events of
+:mod:`attnbench.runtime.progress` drawn as one plain line per case, or a rich bar when stderr is
+a terminal) and the end-of-run summary (a table, or JSON), its warnings and figures."""
 
 from __future__ import annotations
 
@@ -57,16 +57,22 @@ def row_line(row: Mapping[str, Any]) -> str:
     return f"{head} ok {_ms(row['time_median_ms'])} ms{rel}{noisy}"
 
 
-class PlainReporter:
-    """One line per finished case on stderr (when stderr is not a terminal: CI logs)."""
+class SweepLines:
+    """The sweep's progress as one line per finished case on stderr (when stderr is not a
+    terminal: CI logs)."""
 
     def __init__(self) -> None:
         self.total = 0
-        self.done = 0
 
-    def start(self, total: int, description: str) -> None:
+    def start(self, title: str, total: int, completed: int = 0) -> None:
         self.total = total
-        typer.echo(f"{description}: {total} cases", err=True)
+        typer.echo(f"{title}: {total} cases", err=True)
+
+    def stage(self, label: str) -> None:
+        typer.echo(f"{label}: warm-up, memory, then timed rounds", err=True)
+
+    def advance(self, completed: int, **fields: Any) -> None:
+        typer.echo(f"[{completed}/{self.total}] {row_line(fields['row'])}", err=True)
 
     def note(self, text: str) -> None:
         typer.echo(f"  {text}", err=True)
@@ -74,18 +80,12 @@ class PlainReporter:
     def warning(self, text: str) -> None:
         typer.echo(f"warning: {text}", err=True)
 
-    def group(self, label: str) -> None:
-        typer.echo(f"{label}: warm-up, memory, then timed rounds", err=True)
-
-    def row(self, row: Mapping[str, Any]) -> None:
-        self.done += 1
-        typer.echo(f"[{self.done}/{self.total}] {row_line(row)}", err=True)
-
     def finish(self) -> None: ...
 
 
-class RichReporter:
-    """A progress bar (cases done / planned) with the group and round being timed."""
+class SweepBar:
+    """The sweep's progress as a bar (cases done / planned) with the group and round being
+    timed."""
 
     def __init__(self) -> None:
         self.progress = Progress(
@@ -100,24 +100,25 @@ class RichReporter:
         self.task = None
         self.where = ""
 
-    def start(self, total: int, description: str) -> None:
+    def start(self, title: str, total: int, completed: int = 0) -> None:
         self.progress.start()
-        self.task = self.progress.add_task(description, total=total, where="")
+        self.task = self.progress.add_task(title, total=total, completed=completed, where="")
+
+    def stage(self, label: str) -> None:
+        self.where = label
+        self.progress.update(self.task, where=label)
+
+    def advance(self, completed: int, **fields: Any) -> None:
+        self.progress.update(self.task, completed=completed)
+        row = fields["row"]
+        if row["status"] in ("oom", "error"):
+            self.progress.console.print(f"[yellow]{escape(row_line(row))}[/yellow]")
 
     def note(self, text: str) -> None:
         self.progress.update(self.task, where=f"{self.where} {text}".strip())
 
     def warning(self, text: str) -> None:
         self.progress.console.print(f"[yellow]warning:[/yellow] {escape(text)}", soft_wrap=True)
-
-    def group(self, label: str) -> None:
-        self.where = label
-        self.progress.update(self.task, where=label)
-
-    def row(self, row: Mapping[str, Any]) -> None:
-        self.progress.advance(self.task)
-        if row["status"] in ("oom", "error"):
-            self.progress.console.print(f"[yellow]{escape(row_line(row))}[/yellow]")
 
     def finish(self) -> None:
         self.progress.stop()

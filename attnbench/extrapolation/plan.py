@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -28,10 +27,11 @@ from attnbench.extrapolation.config import (
 )
 from attnbench.extrapolation.evaluate import EvalStream, make_eval_stream
 from attnbench.extrapolation.model import build_model
-from attnbench.extrapolation.progress import NoProgress, TrainProgress
 from attnbench.extrapolation.train import HISTORY_EVERY, HeldoutProbe, check_key, load_checkpoint
 from attnbench.measure import machine
 from attnbench.runtime import engines, logs
+from attnbench.runtime.progress import Progress, Silent
+from attnbench.runtime.units import Unit
 
 #: How the corpus is cut into training and held-out text (part of every checkpoint's key: the
 #: byte-fraction cut of earlier versions put the opening of the first held-out play in training).
@@ -51,7 +51,7 @@ class RunOptions:
     impls: list[str] = field(default_factory=list)
     impl_params: dict[str, str] = field(default_factory=dict)
     argv: list[str] = field(default_factory=lambda: list(sys.argv))
-    progress: Callable[[], TrainProgress] = NoProgress
+    progress: Callable[[], Progress] = Silent
     log: Callable[[str], None] = logs.info
     #: Called after every training step with (variant, seed, step): tests interrupt through it.
     on_step: Callable[[str, int, int], None] | None = None
@@ -229,9 +229,9 @@ def parallel_layout(cfg, device, pending: int, opts) -> tuple[int, int]:
     return workers, max(1, budget // workers)
 
 
-def list_units(cfg: ExtrapConfig, opts: RunOptions) -> list[dict[str, Any]]:
-    """``--list-units``: the run's trainings (with the shard each belongs to, under --shard, and
-    whether its checkpoint is finished) and its evaluation unit."""
+def list_units(cfg: ExtrapConfig, opts: RunOptions) -> list[Unit]:
+    """``--list-units``: the run's trainings (whether its checkpoint is finished; under --shard,
+    only that shard's) and its evaluation unit."""
     corpus = load_corpus(cfg.run.corpus or None)
     variants, _ = resolve_variants(cfg, opts.impls, opts.impl_params)
     seeds = range(cfg.run.seed_start, cfg.run.seed_start + cfg.run.seeds)
@@ -243,7 +243,4 @@ def list_units(cfg: ExtrapConfig, opts: RunOptions) -> list[dict[str, Any]]:
             key = checkpoint_key(cfg, v, seed, corpus.sha256)
             done = ckpt is not None and ckpt.get("key") == key and ckpt.get("done")
             entries.append((v, seed, path, key, {"done": done}))
-    listed = units.unit_list(entries, opts.shard)
-    if opts.shard is None:
-        return listed
-    return [u for u in listed if u["kind"] == "evaluation" or u["shard"] == opts.shard[0]]
+    return [u for u in units.unit_list(entries) if u.kind == "evaluation" or u.in_shard(opts.shard)]

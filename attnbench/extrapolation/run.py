@@ -44,7 +44,6 @@ from attnbench.extrapolation.plan import (
     read_inputs,
     threads_per_process,
 )
-from attnbench.extrapolation.progress import NoProgress
 from attnbench.extrapolation.results import CSV_NAME, write_results
 from attnbench.extrapolation.train import HeldoutProbe
 from attnbench.extrapolation.trainings import (
@@ -55,6 +54,7 @@ from attnbench.extrapolation.trainings import (
 )
 from attnbench.measure import machine
 from attnbench.runtime.outputs import ensure_dir
+from attnbench.runtime.progress import Silent
 
 
 @dataclass
@@ -119,7 +119,7 @@ def _checked(cfg: ExtrapConfig, opts: RunOptions) -> tuple[RunOptions, int]:
     if world > 1:
         distributed.shares(cfg.train.batch, world)  # a batch too small to split: refused now
         if not distributed.torchrun_is_main():
-            opts = dataclasses.replace(opts, log=_quiet, progress=NoProgress)
+            opts = dataclasses.replace(opts, log=_quiet, progress=Silent)
     if opts.tensorboard is not None:
         curves.require_tensorboard()
     ensure_dir(opts.out, "--out folder", create=False)  # a mistake shows before any work

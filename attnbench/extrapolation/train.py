@@ -44,8 +44,8 @@ from torch import Tensor, nn
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.model import MASK_ID
-from attnbench.extrapolation.progress import NoProgress, TrainProgress
 from attnbench.runtime.outputs import atomic_path
+from attnbench.runtime.progress import Progress, Silent
 from attnbench.runtime.schema import Checked, above, at_least, finite, inside, setting, within
 
 if TYPE_CHECKING:
@@ -334,7 +334,7 @@ def train(
     key: Mapping[str, Any],
     ckpt_every: int = 500,
     resume: dict[str, Any] | None = None,
-    progress: TrainProgress | None = None,
+    progress: Progress | None = None,
     title: str = "",
     on_step: Callable[[int], None] | None = None,
     on_log: Callable[[CurvePoint], None] | None = None,
@@ -355,7 +355,7 @@ def train(
     """
     if log_every < 1:
         raise AttnbenchError(f"invalid log_every={log_every}; accepted: >= 1")
-    progress = progress or NoProgress()
+    progress = progress or Silent()
     sampler = BatchSampler(stream, train_len, cfg.batch, cfg.mask_prob, seed)
     share = dist.share(cfg.batch) if dist is not None else None  # this rank's windows
     device = next(model.parameters()).device
@@ -384,7 +384,8 @@ def train(
                 if step % log_every == 0 or step == cfg.steps:
                     lr = opt.param_groups[0]["lr"]
                     t0 += recorder.record(step, loss_value, lr, t0 + run_s, elapsed + run_s, model)
-                progress.update(step, smooth, (step - start) * tokens_per_step / max(run_s, 1e-9))
+                rate = (step - start) * tokens_per_step / max(run_s, 1e-9)
+                progress.advance(step, loss=smooth, tokens_per_s=rate)
                 if on_step is not None:
                     on_step(step)
                 if step == cfg.steps:
@@ -398,7 +399,7 @@ def train(
             save(step, True, loss_value)
             _wait_for_main(dist)
     finally:
-        progress.stop()
+        progress.finish()
     run_s = time.perf_counter() - t0
     rate = (step - start) * tokens_per_step / max(run_s, 1e-9)
     return TrainOutcome(step, elapsed + run_s, loss_value, tokens_per_s=rate, resumed_from=start)

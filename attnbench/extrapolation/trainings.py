@@ -22,9 +22,9 @@ from attnbench.extrapolation import curves, units
 from attnbench.extrapolation.config import ExtrapConfig, TrainedVariant
 from attnbench.extrapolation.model import build_model
 from attnbench.extrapolation.plan import Plan, RunOptions, parallel_layout, threads_per_process
-from attnbench.extrapolation.progress import LogProgress, TrainProgress
 from attnbench.extrapolation.train import HeldoutProbe, check_key, load_checkpoint, train
 from attnbench.runtime import engines
+from attnbench.runtime.progress import LogLines, Progress
 
 
 def train_in_parallel(cfg, opts, plan, train_stream, device) -> set[Path]:
@@ -176,7 +176,7 @@ class TrainJob:
 
     @property
     def unit_id(self) -> str:
-        return f"train-{self.variant.file_stem}-seed{self.seed}"
+        return units.training_unit_id(self.variant.file_stem, self.seed)
 
     def after_crash(self, since: float | None) -> TrainJob:
         """This job, or for the retry of a crashed attempt (``since``: when the run started)
@@ -188,7 +188,7 @@ class TrainJob:
         check_key(ckpt, self.key, self.path)
         return dataclasses.replace(self, resume=ckpt)
 
-    def run(self, train_stream: Tensor, progress: TrainProgress, on_step=None, dist=None) -> str:
+    def run(self, train_stream: Tensor, progress: Progress, on_step=None, dist=None) -> str:
         """Train to the end, checkpoints as it goes; returns the one-line summary. ``dist``: a
         :class:`~.distributed.DataParallel` to train over torchrun's processes."""
         v, seed, cfg = self.variant, self.seed, self.cfg
@@ -232,4 +232,4 @@ def _train_in_worker(job: TrainJob, train_stream: Tensor, threads: int,
     from the checkpoint the crashed attempt left)."""
     torch.set_num_threads(threads)
     engines.inject_fault(job.unit_id, retry_since is None)
-    return job.after_crash(retry_since).run(train_stream, LogProgress(lines=10))
+    return job.after_crash(retry_since).run(train_stream, LogLines(lines=10))

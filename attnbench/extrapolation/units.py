@@ -1,4 +1,4 @@
-"""An extrapolation run as units, the contract every engine uses (as the speed sweep's,
+"""An extrapolation run as units (:class:`attnbench.runtime.units.Unit`, as the speed sweep's,
 :mod:`attnbench.bench.units`): one unit per (variant, seed) training, in plan order (seed by seed,
 variant by variant), each one its checkpoint; then one evaluation unit, which needs them all.
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +29,43 @@ from attnbench.runtime.engines import (
 from attnbench.runtime.outputs import write_bytes_once
 from attnbench.runtime.processes import run_each_in_a_process
 from attnbench.runtime.ray_tasks import error_reason, tasks_with_one_retry
+from attnbench.runtime.units import Unit
 
 
-def unit_list(entries: Sequence[tuple], shard: tuple[int, int] | None) -> list[dict[str, Any]]:
-    """The run's units (``--list-units``): its trainings, then the evaluation."""
-    units: list[dict[str, Any]] = []
-    for i, (v, seed, path, _key, ckpt) in enumerate(entries):
-        done = ckpt is not None and ckpt.get("done")
-        units.append({"index": i, "id": f"train-{v.file_stem}-seed{seed}", "kind": "training",
-                      "variant": v.label, "seed": seed, "checkpoint": str(path),
-                      "done": bool(done)})  # fmt: skip
-    units.append({"index": len(entries), "id": "evaluate", "kind": "evaluation",
-                  "needs": [u["id"] for u in units], "done": False})  # fmt: skip
-    if shard is not None:
-        for u in units:
-            u["shard"] = u["index"] % shard[1]
-    return units
+@dataclass(frozen=True)
+class TrainingUnit(Unit):
+    """One (variant, seed) training, into its checkpoint."""
+
+    variant: str  # its label
+    seed: int
+    checkpoint: str
+    kind: str = field(default="training", kw_only=True)
+
+    def details(self) -> dict[str, Any]:
+        return {"variant": self.variant, "seed": self.seed, "checkpoint": self.checkpoint}
+
+
+def training_unit_id(file_stem: str, seed: int) -> str:
+    """``train-O-seed0``: a training's unit id (its checkpoint is ``O-seed0.pt``)."""
+    return f"train-{file_stem}-seed{seed}"
+
+
+def unit_list(entries: Sequence[tuple]) -> list[Unit]:
+    """The run's units (``--list-units``): its trainings, then the evaluation, which needs them
+    all. ``entries``: the plan's (variant, seed, checkpoint path, key, checkpoint or None)."""
+    units: list[Unit] = [
+        TrainingUnit(
+            i,
+            training_unit_id(v.file_stem, seed),
+            v.label,
+            seed,
+            str(path),
+            done=bool(ckpt is not None and ckpt.get("done")),
+        )
+        for i, (v, seed, path, _key, ckpt) in enumerate(entries)
+    ]
+    needs = tuple(u.id for u in units)
+    return [*units, Unit(len(units), "evaluate", kind="evaluation", needs=needs, done=False)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,11 +108,11 @@ def _train_task(job, train_stream: Tensor, threads: int, retry_since: float | No
     ``retry_since``: this is the retry of a training whose process died; continue from the
     checkpoint it left if that was written during this run (never from an older file)."""
     from attnbench.extrapolation import curves
-    from attnbench.extrapolation.progress import NoProgress
+    from attnbench.runtime.progress import Silent
 
     torch.set_num_threads(threads)
     inject_fault(job.unit_id, retry_since is None)
-    line = job.after_crash(retry_since).run(train_stream, NoProgress())
+    line = job.after_crash(retry_since).run(train_stream, Silent())
     curve = curves.curve_path(job.path)
     return line, job.path.read_bytes(), curve.read_bytes() if curve.exists() else None
 

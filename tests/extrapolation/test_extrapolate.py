@@ -32,11 +32,11 @@ from attnbench.extrapolation.model import (
     build_model,
     is_whole_block,
 )
-from attnbench.extrapolation.progress import NoProgress
 from attnbench.extrapolation.run import RunOptions, run_extrapolate
 from attnbench.extrapolation.train import Interrupted
 from attnbench.extrapolation.tricks import TrickMixer, parse_tricks
 from attnbench.layers import make_layer
+from attnbench.runtime.progress import Silent
 from attnbench.variants import softmax
 from tests.helpers.extrapolation import TINY, make_corpus, run_options, tiny_cfg
 
@@ -597,14 +597,14 @@ def test_rich_progress_bar_renders():
     buf = io.StringIO()
     bar = RichProgress(Console(file=buf, force_terminal=True, width=120))
     bar.start("O seed 0", 10, 0)
-    bar.update(10, 2.5, 12345.0)
-    bar.stop()
+    bar.advance(10, loss=2.5, tokens_per_s=12345.0)
+    bar.finish()
     assert "loss 2.500" in buf.getvalue() and "12,345 tok/s" in buf.getvalue()
     buf = io.StringIO()
     lines = LineProgress(lines=2, stream=buf)
     lines.start("E seed 1", 10, 0)
     for step in range(1, 11):
-        lines.update(step, 2.0, 100.0)
+        lines.advance(step, loss=2.0, tokens_per_s=100.0)
     assert buf.getvalue().count("\n") == 2 and "step 10/10 loss 2.000" in buf.getvalue()
 
 
@@ -678,7 +678,7 @@ def test_parallel_trainings_equal_sequential_ones(tmp_path):
     said = []
     one_by_one = run_extrapolate(cfg, run_options(tmp_path / "seq"))
     both = cfg.override({"threads": 2, "parallel": 2})
-    at_once = run_extrapolate(both, RunOptions(out=tmp_path / "par", progress=NoProgress,
+    at_once = run_extrapolate(both, RunOptions(out=tmp_path / "par", progress=Silent,
                                                log=said.append, argv=["attnbench"]))  # fmt: skip
     assert any("2 at once, 1 thread each" in line for line in said), said
     for name in ("O-seed0.pt", "E-seed0.pt"):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 
 from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.progress import NoProgress
 from attnbench.extrapolation.run import RunOptions
+from attnbench.runtime.progress import Silent
 
 #: CLI flags of a tiny run: one small layer, 12 steps, three short evaluation lengths.
 TINY = [
@@ -56,4 +56,4 @@ def tiny_cfg(corpus):
 
 def run_options(out, **kw):
     """Run options writing to ``out``, silent (no progress, no log); ``kw`` sets the rest."""
-    return RunOptions(out=out, progress=NoProgress, log=lambda m: None, argv=["attnbench"], **kw)
+    return RunOptions(out=out, progress=Silent, log=lambda m: None, argv=["attnbench"], **kw)

@@ -185,3 +185,31 @@ def test_a_failed_job_of_the_workers_raises_once_they_are_stopped(bad, error):
     assert got in ([], [1], [1, 2])  # in order, and nothing after the failed job
     if bad == "crash":
         assert "exited with code 70" in str(caught.value)
+
+
+def test_one_unit_record_lists_and_shards_both_experiments_units():
+    from dataclasses import dataclass, field
+
+    from attnbench.runtime.units import Unit, shard_units
+
+    @dataclass(frozen=True)
+    class Timing(Unit):  # an experiment's unit: its own fields, listed after index, id, kind
+        mechanism: str
+        kind: str = field(default="timing", kw_only=True)
+
+        def details(self):
+            return {"mechanism": self.mechanism}
+
+    units = [Timing(i, f"t{i}", m) for i, m in enumerate("abc")]
+    units.append(Unit(3, "evaluate", kind="evaluation", needs=("t0", "t1", "t2"), done=False))
+    assert [u.shard_of(2) for u in units] == [0, 1, 0, 1]
+    assert [u.id for u in shard_units(units, (1, 2))] == ["t1", "evaluate"]
+    assert shard_units(units, None) == units
+    assert units[1].as_dict() == {"index": 1, "id": "t1", "kind": "timing", "mechanism": "b"}
+    assert units[3].as_dict((0, 3)) == {
+        "index": 3, "id": "evaluate", "kind": "evaluation", "needs": ["t0", "t1", "t2"],
+        "done": False, "shard": 0,
+    }  # fmt: skip
+    assert list(units[3].as_dict()) == ["index", "id", "kind", "needs", "done"]  # key order kept
+    with pytest.raises(TypeError):  # the kind is required, by keyword
+        Unit(0, "x")
