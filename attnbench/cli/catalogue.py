@@ -97,10 +97,11 @@ def live() -> list[dict[str, Any]]:
     return [describe(m) for m in registry.MECHANISMS]
 
 
-def cached() -> list[dict[str, Any]] | None:
-    """The cached description of the registry, or None when there is none for these sources."""
+def cached(path: Path | None = None) -> list[dict[str, Any]] | None:
+    """The cached description of the registry (at ``path``, default :func:`cache_file`), or None
+    when there is none for these sources."""
     try:
-        return json.loads(cache_file().read_text(encoding="utf-8"))["mechanisms"]
+        return json.loads((path or cache_file()).read_text(encoding="utf-8"))["mechanisms"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -108,12 +109,13 @@ def cached() -> list[dict[str, Any]] | None:
 def described() -> list[dict[str, Any]]:
     """Every mechanism as :func:`describe` gives it: from the cache, else from the live registry
     (then cached; a cache that cannot be written is skipped silently)."""
-    found = cached()
+    path = cache_file()  # the fingerprint reads every registry source: once
+    found = cached(path)
     if found is None:
         found = live()
         with contextlib.suppress(OSError, AttnbenchError):
-            cache_file().parent.mkdir(parents=True, exist_ok=True)
-            write_text(cache_file(), json.dumps({"mechanisms": found}, ensure_ascii=False))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text(path, json.dumps({"mechanisms": found}, ensure_ascii=False))
     return found
 
 

@@ -15,8 +15,8 @@ import contextlib
 import multiprocessing
 import pickle
 import signal
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from multiprocessing import connection
 from typing import Any
 
 from attnbench.core.errors import AttnbenchError
@@ -97,13 +97,12 @@ class WorkerProcess:
         self.proc.join()
         return ("died", self.proc.exitcode)
 
-    def run(self, job: Any, poll_s: float = 0.2) -> Outcome:
+    def run(self, job: Any) -> Outcome:
         """Send ``job`` and wait for its outcome."""
         self.send(job)
-        while True:
-            found = self.outcome(poll_s)
-            if found is not None:
-                return found
+        while (found := self.outcome()) is None:
+            wait_for_any([self])
+        return found
 
     def stop(self, wait_s: float = 10.0, kill: bool = False) -> None:
         """Ask the worker to end (unless ``kill``), wait up to ``wait_s``, then kill it."""
@@ -117,6 +116,11 @@ class WorkerProcess:
         self.conn.close()
 
 
+def wait_for_any(workers: Iterable[WorkerProcess]) -> None:
+    """Block until one of ``workers`` has something to say: a reply, or its end."""
+    connection.wait([x for w in workers for x in (w.conn, w.proc.sentinel)])
+
+
 def run_each_in_a_process(
     jobs: Sequence[Any],
     fn: Callable[..., Any],
@@ -127,7 +131,7 @@ def run_each_in_a_process(
 ) -> Iterator[tuple[Any, Outcome]]:
     """``fn(job, *args)`` for every job, ``at_once`` at a time, each in a fresh spawned process;
     yields ``(job, outcome)`` as each ends. On Ctrl-C the workers (which got it too) are given
-    ``stop_wait_s`` to finish what they write, then terminated; on any other exception, or when
+    ``stop_wait_s`` to finish what they write, then killed; on any other exception, or when
     the caller stops iterating, they are terminated at once."""
     queue, running = list(jobs), []
     try:
@@ -136,7 +140,7 @@ def run_each_in_a_process(
                 worker = WorkerProcess(fn, args)
                 worker.send(queue.pop(0))
                 running.append(worker)
-            time.sleep(0.05)
+            wait_for_any(running)
             for worker in list(running):
                 found = worker.outcome()
                 if found is None:
@@ -145,19 +149,12 @@ def run_each_in_a_process(
                 worker.stop(wait_s=1.0)
                 yield worker.job, found
     except KeyboardInterrupt:
-        for worker in running:
-            _join_then_kill(worker, stop_wait_s)
+        for worker in running:  # they got the Ctrl-C too: let them write what they write
+            worker.proc.join(stop_wait_s)
         raise
     finally:
         for worker in running:
             worker.stop(wait_s=0.0, kill=True)
-
-
-def _join_then_kill(worker: WorkerProcess, wait_s: float) -> None:
-    worker.proc.join(wait_s)
-    if worker.proc.is_alive():
-        worker.proc.terminate()
-        worker.proc.join()
 
 
 def map_in_workers(
@@ -177,6 +174,8 @@ def map_in_workers(
                 if worker not in busy and sent < len(jobs):
                     worker.send(jobs[sent])
                     busy[worker], sent = sent, sent + 1
+            if busy:
+                wait_for_any(busy)
             for worker, index in list(busy.items()):
                 found = worker.outcome()
                 if found is not None:
@@ -185,8 +184,6 @@ def map_in_workers(
             while given in finished:
                 yield finished.pop(given)
                 given += 1
-            if busy:
-                time.sleep(0.02)
     finally:
         for worker in pool:
             worker.stop(wait_s=10.0, kill=given < len(jobs))
