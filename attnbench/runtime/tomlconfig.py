@@ -60,10 +60,6 @@ def find_config(name: str, folder: Path, what: str) -> Path:
     raise unknown(what, name, names_in(folder))
 
 
-def available_suites() -> list[str]:
-    return names_in(SUITES_DIR)
-
-
 def find_suite(name: str) -> Path:
     """A speed suite file from a path or a bare name (see the module docstring)."""
     return find_config(name, SUITES_DIR, "suite")
