@@ -19,7 +19,8 @@ SIGINT, which ends it cleanly with every finished row on disk.
                  32k against dense flash and dense cuDNN
   5 triton       causal linear, retention and gau (Triton) against causal flash and cuDNN,
                  n = 1k..64k: the crossovers
-  6 extrapolate  a few hundred steps of ``run extrapolate --preset paper``: the step time
+  6 extrapolate  a few hundred steps of each ``run extrapolate --preset paper`` training, all six
+                 as parallel shard processes (as the real run shares the GPU): the step time
   7 flash-batch1 FLASH (Triton) at batch 1, n = 8k and 64k
   8 profile      torch.profiler: top kernels of one call of causal linear:triton (and FLA's
                  chunk kernel) at 8k, SDPA default and cuDNN at 16k, and
@@ -331,7 +332,7 @@ def step_dense(ctx: Context, name: str = "gpu-dense", **grid) -> int:
     """The four SDPA backends, causal and bidirectional, 1k..64k, head dims 64 and 128
     (``grid``: other lengths, head dims, causal flags, a sub-folder, a budget)."""
     grid = {"lengths": [1024, 4096, 16384, 65536], "head_dims": [128, 64],
-            "causal": [False, True], **grid}  # fmt: skip
+            "causal": [True, False], **grid}  # fmt: skip
     return speed_step(
         ctx, name, ["softmax:efficient", "softmax-logn:efficient"],
         mechanisms=DENSE, reference="softmax:sdpa-cudnn", group_budget_s=6.0, **grid,
@@ -431,7 +432,7 @@ def step_sage(ctx: Context) -> int:
         ctx, "gpu-sage",
         ["softmax:efficient", "softmax:reference"],
         mechanisms=["softmax:sage", *DENSE_REFS, "softmax:efficient", "softmax:xformers"],
-        lengths=[1024, 4096, 16384, 65536], head_dims=[128, 64], causal=[False, True],
+        lengths=[1024, 4096, 16384, 65536], head_dims=[128, 64], causal=[True, False],
         reference="softmax:sdpa-cudnn", directions=("fwd",), group_budget_s=4.0,
     )  # fmt: skip
 
@@ -562,20 +563,68 @@ def profile_main(out: Path, dry: bool) -> int:
 
 
 def step_extrapolate(ctx: Context) -> int:
-    preset, steps = ("cpu", "4") if ctx.dry else ("paper", "300")
-    cmd = ctx.attnbench(
-        "run", "extrapolate", "--preset", preset, "--variants", "O", "--seeds", "1",
-        "--steps", steps, "--warmup", "2" if ctx.dry else "100", "--eval-lengths", "64",
-        "--eval-time", "none", "--out", str(ctx.out / "results"), "--overwrite",
-    )  # fmt: skip
-    code = run(ctx, "extrapolate", cmd)
-    sidecar = ctx.out / "results" / "extrapolate.json"
-    if sidecar.is_file():
-        trainings = json.loads(sidecar.read_text()).get("trainings", [])
-        for t in trainings:
-            print(f"{t.get('variant')} seed {t.get('seed')}: {t.get('ms_per_step')} ms per step "
-                  f"over {t.get('steps')} steps")  # fmt: skip
-    return code
+    """The paper preset's trainings (O and E, seeds 0-2) as parallel shard processes, one
+    training each (``--shard I/N``), sharing the GPU as the real run's shards do: one ``run
+    extrapolate`` process trains its units one after another on a GPU. A few hundred steps
+    each: the step time under that sharing, from each shard's training curve."""
+    preset, steps, warmup = ("cpu", "4", "2") if ctx.dry else ("paper", "300", "100")
+    variants, seeds = ("O", "E"), 1 if ctx.dry else 3
+    shards = len(variants) * seeds
+    common = ("run", "extrapolate", "--preset", preset, "--variants", ",".join(variants),
+              "--seeds", str(seeds), "--steps", steps, "--warmup", warmup,
+              "--checkpoints", str(ctx.out / "checkpoints"), "--overwrite")  # fmt: skip
+    procs = []
+    for i in range(shards):
+        cmd = ctx.attnbench(
+            *common, "--shard", f"{i}/{shards}", "--out", str(ctx.out / f"shard-{i}")
+        )
+        log = (ctx.out / f"shard-{i}.log").open("w")
+        log.write(f"$ {shlex.join(cmd)}\n")
+        log.flush()
+        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                       env=env_vars(), cwd=ROOT), log))  # fmt: skip
+    deadline = time.monotonic() + ctx.budget_s
+    codes = [wait_until(proc, deadline) for proc, _ in procs]
+    for (_, log), code in zip(procs, codes, strict=True):
+        if code == 124:
+            log.write(f"\n[gpu_check] stopped after {ctx.budget_s:.0f} s (budget)\n")
+        log.close()
+    times = {}
+    for i in range(shards):
+        last = last_curve_row(ctx.out / f"shard-{i}" / "curves.csv")
+        if last:
+            ms = 1e3 * float(last["train_time_s"]) / max(1, int(last["step"]))
+            key = f"{last['variant']}-seed{last['seed']}"
+            times[key] = {"steps": int(last["step"]), "ms_per_step": round(ms, 2),
+                          "tokens_per_s": float(last["tokens_per_s"])}  # fmt: skip
+            print(f"{key}: {ms:.1f} ms per step over {last['step']} steps, {shards} shards at once")
+    (ctx.out / "step_times.json").write_text(json.dumps(times, indent=2) + "\n")
+    return max(codes) if codes else 0
+
+
+def wait_until(proc: subprocess.Popen, deadline: float) -> int:
+    """The process's exit code, or 124 after SIGINT at ``deadline`` (SIGKILL 30 s later)."""
+    try:
+        return proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        return 124
+
+
+def last_curve_row(path: Path) -> dict[str, str] | None:
+    """The last row of a training's curves CSV (None when it has none)."""
+    import csv
+
+    if not path.is_file():
+        return None
+    with path.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    return rows[-1] if rows else None
 
 
 # --------------------------------------------------------------------------------------------

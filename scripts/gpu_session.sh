@@ -15,8 +15,9 @@
 #                                       # libraries, round 2's missing rows, profiles
 #
 # Before the lease: bash scripts/fetch_library_wheels.sh (the library paths' wheels in .whl/,
-# carried with each command). Everything goes to $WORK (default /root/gpu-session, kept while the machine is held); each
-# command packs what it has into OUT/phaseN.tgz. The trainings run in their own process session
+# carried with each command). Everything goes to $WORK (default .gpuwork/ in the checkout:
+# ignored by git, so the device machine keeps it between commands while it is held, where each
+# command's OUT is new); each command packs what it has into OUT/phaseN.tgz. The trainings run in their own process session
 # (setsid), so they outlive the command that started them. Phase budgets: PHASE_S seconds
 # (default 560) from the phase's start; every step gets what is left.
 set -uo pipefail
@@ -24,7 +25,7 @@ phase=${1:?phase 1, 2 or 3}
 out=${2:?output folder}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-WORK=${WORK:-/root/gpu-session}
+WORK=${WORK:-$root/.gpuwork}
 PHASE_S=${PHASE_S:-560}
 STEPS=${STEPS:-5000}
 WARMUP=${WARMUP:-500}

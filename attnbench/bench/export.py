@@ -136,6 +136,22 @@ METRICS: dict[str, Metric] = {
             lambda r: _rate_bounds(r, _number(r, "flops")),
         ),
         Metric(
+            "flop-rate-fa",
+            "FLOP/s (fwd+bwd = 3.5x fwd)",
+            True,
+            "flop-rate-fa",
+            lambda r: _per_second(r, _number(r, "flops_fa"), "time_median_ms"),
+            lambda r: _rate_bounds(r, _number(r, "flops_fa")),
+        ),
+        Metric(
+            "flop-rate-executed",
+            "executed FLOP/s (whole blocks)",
+            True,
+            "flop-rate-executed",
+            lambda r: _per_second(r, _number(r, "flops_executed"), "time_median_ms"),
+            lambda r: _rate_bounds(r, _number(r, "flops_executed")),
+        ),
+        Metric(
             "ref-ratio",
             "x reference time",
             False,

@@ -50,7 +50,9 @@ CONVENTIONS = {
         "forward: Mechanism.forward_flops, 2*B*H*pairs*(D+Dv) with attended pairs counted exactly "
         "('pairs') unless the mechanism declares its formula ('formula'); "
         f"fwdbwd: (1 + {BACKWARD_FACTOR}) x forward (backward = {BACKWARD_FACTOR}x forward, "
-        "no recomputation counted)"
+        "no recomputation counted); flops_fa: the same in flash-attention's convention "
+        "(fwdbwd = 3.5 x forward); flops_executed: a block-sparse kernel's (FlexAttention) "
+        "FLOPs with every pair of each block its BlockMask keeps counted (fwdbwd 3.5 x)"
     ),
     "roofline": (
         "median over rounds of (achieved FLOP/s / FLOP/s of a square matmul timed in the same "

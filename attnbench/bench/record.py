@@ -89,9 +89,9 @@ class Recorder:
         s = case.shape
         try:
             fc = count_flops(case.mech, s, case.causal, case.params, case.direction)
-            flops, method = fc.flops, fc.method
+            flops, method, flops_fa = fc.flops, fc.method, fc.flops_fa
         except Exception as e:  # a bad formula must not stop the sweep; say so in the row
-            flops, method = None, f"not counted ({one_line(e, 80)})"
+            flops, method, flops_fa = None, f"not counted ({one_line(e, 80)})", None
         row = {c: None for c in COLUMNS}
         row.update(
             suite=self.suite.name,
@@ -118,6 +118,7 @@ class Recorder:
             reason=reason,
             flops=flops,
             flops_method=method,
+            flops_fa=flops_fa,
         )
         row.update(values)
         return row

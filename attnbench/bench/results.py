@@ -1,6 +1,6 @@
 """The speed results CSV: one tidy row per measured case, written and flushed as produced.
 
-The columns are documented in the README ("Speed results: the columns"). Conventions: times in
+The columns are documented in docs/speed.md ("Speed results: the columns"). Conventions: times in
 milliseconds per call; memory in bytes; FLOPs per call; ``roofline`` = achieved FLOP/s over the
 matmul rate measured in the same run; empty cells where a value does not apply (a row that did not
 run has a ``status`` other than ``ok`` and a ``reason``).
@@ -32,6 +32,7 @@ import pandas as pd
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.runtime import logs
+from attnbench.runtime.outputs import atomic_open
 
 #: Every column, in order. A CSV whose header differs is not read (schema mismatch).
 COLUMNS: tuple[str, ...] = (
@@ -74,9 +75,22 @@ COLUMNS: tuple[str, ...] = (
     "flop_per_s",
     "matmul_flop_per_s",
     "roofline",
+    "flops_fa",
+    "flop_per_s_fa",
+    "flops_executed",
+    "flop_per_s_executed",
     "mem_fwd_bytes",
     "mem_fwdbwd_bytes",
     "mem_method",
+)
+
+#: Columns added after results were first committed: a CSV whose header lacks only these (in
+#: COLUMNS' order otherwise) is an older attnbench's, read with them empty.
+ADDED_COLUMNS: tuple[str, ...] = (
+    "flops_fa",
+    "flop_per_s_fa",
+    "flops_executed",
+    "flop_per_s_executed",
 )
 
 #: The columns that identify a case: rows of two runs with equal keys are compared.
@@ -105,9 +119,10 @@ Warn = Callable[[str], None]
 
 _INT = ("threads", "batch", "heads", "kv_heads", "seq_len", "head_dim", "value_dim", "samples")
 _INT += ("calls_per_sample", "flops", "mem_fwd_bytes", "mem_fwdbwd_bytes")
+_INT += ("flops_fa", "flops_executed")
 _FLOAT = ("time_median_ms", "time_p20_ms", "time_p80_ms", "first_call_ms", "ref_ratio")
 _FLOAT += ("ref_ratio_p20", "ref_ratio_p80", "tokens_per_s", "flop_per_s")
-_FLOAT += ("matmul_flop_per_s", "roofline")
+_FLOAT += ("matmul_flop_per_s", "roofline", "flop_per_s_fa", "flop_per_s_executed")
 _BOOL = ("causal", "noisy")
 _TEXT = tuple(c for c in COLUMNS if c not in _INT + _FLOAT + _BOOL)
 
@@ -190,6 +205,7 @@ class ResultsWriter:
         append = append and path.is_file() and path.stat().st_size > 0
         if append:
             cut_unterminated_line(path)
+            _widen_older_header(path)
         self._file = LineFile(path, append)
         if not append:
             self._file.write(_csv_line(COLUMNS))
@@ -204,6 +220,28 @@ class ResultsWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _older_header(header: Sequence[str]) -> bool:
+    """Whether ``header`` is an older attnbench's: COLUMNS less some of ADDED_COLUMNS."""
+    return tuple(header) == tuple(c for c in COLUMNS if c in header) and not (
+        set(COLUMNS) - set(header) - set(ADDED_COLUMNS)
+    )
+
+
+def _widen_older_header(path: Path) -> None:
+    """Rewrite a results CSV written before ADDED_COLUMNS existed with today's header (the new
+    cells empty), so that a resumed run appends rows of the same width."""
+    text = path.read_text(encoding="utf-8")
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    if not rows or tuple(rows[0]) == COLUMNS or not _older_header(rows[0]):
+        return
+    where = {name: i for i, name in enumerate(rows[0])}
+    lines = [_csv_line(COLUMNS)]
+    for row in rows[1:]:
+        lines.append(_csv_line([row[where[c]] if c in where else "" for c in COLUMNS]))
+    with atomic_open(path, "w", encoding="utf-8", newline="") as f:
+        f.write("".join(lines))
 
 
 def plain(x: Any) -> Any:
@@ -234,7 +272,7 @@ def read_sidecar(csv_path: Path) -> dict[str, Any] | None:
         raise AttnbenchError(f"{side}: not a readable JSON sidecar ({e})") from None
 
 
-def _without_incomplete_last_row(path: Path, text: str, warn: Warn) -> str:
+def _without_incomplete_last_row(path: Path, text: str, warn: Warn, width: int) -> str:
     """``text`` less a last row that a killed run left half-written: unterminated, or with
     another number of fields than the header."""
     body = text.split("\n", 1)[1] if "\n" in text else ""
@@ -246,10 +284,10 @@ def _without_incomplete_last_row(path: Path, text: str, warn: Warn) -> str:
     else:
         last = text.rstrip("\r\n").rsplit("\n", 1)[-1]
         fields = next(csv.reader([last]), [])
-        if len(fields) == len(COLUMNS):
+        if len(fields) == width:
             return text
         cut = text.rstrip("\r\n").rfind("\n") + 1
-        why = f"has {len(fields)} fields, not {len(COLUMNS)}"
+        why = f"has {len(fields)} fields, not {width}"
     warn(f"{path}: the last row {why} (a run stopped while writing it?): dropped, not read")
     return text[:cut]
 
@@ -265,7 +303,8 @@ def read_results(path: Path | str, warn: Warn = logs.warn) -> pd.DataFrame:
         header = next(csv.reader(io.StringIO(text, newline="")), [])
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise AttnbenchError(f"{path}: not an attnbench results CSV ({e})") from None
-    if tuple(header) != COLUMNS:
+    older = tuple(header) != COLUMNS and _older_header(header)
+    if tuple(header) != COLUMNS and not older:
         missing = [c for c in COLUMNS if c not in header]
         extra = [c for c in header if c not in COLUMNS]
         if len(missing) > len(COLUMNS) // 2:
@@ -284,12 +323,14 @@ def read_results(path: Path | str, warn: Warn = logs.warn) -> pd.DataFrame:
             f"{path}: results schema differs from this attnbench ({'; '.join(detail)}); "
             "re-run the suite with this version"
         )
-    text = _without_incomplete_last_row(path, text, warn)
+    text = _without_incomplete_last_row(path, text, warn, width=len(header))
     try:
         df = pd.read_csv(io.StringIO(text), dtype=str, keep_default_na=False)
     except (pd.errors.ParserError, ValueError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise AttnbenchError(f"{path}: malformed CSV ({first})") from None
+    if older:  # an older attnbench's file: the columns added since are empty
+        df = df.reindex(columns=list(COLUMNS), fill_value="")
     try:
         for c in _INT:
             df[c] = pd.to_numeric(df[c].replace("", None)).astype("Int64")

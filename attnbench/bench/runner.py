@@ -12,12 +12,12 @@ from typing import Any
 import torch
 
 from attnbench.bench.config import SpeedSuite
-from attnbench.bench.failures import StickyDeviceError
+from attnbench.bench.failures import StickyDeviceError, one_line
 from attnbench.bench.member import Member, free_memory, set_up
 from attnbench.bench.plan import Case, Group, unsupported_reason
 from attnbench.bench.record import Recorder
 from attnbench.core.errors import AttnbenchError
-from attnbench.measure.flops import MatmulAnchor
+from attnbench.measure.flops import MatmulAnchor, executed_flops
 from attnbench.measure.timing import (
     Clock,
     Stats,
@@ -27,6 +27,7 @@ from attnbench.measure.timing import (
     stats,
     warm_up,
 )
+from attnbench.runtime import logs
 from attnbench.runtime.progress import Progress
 
 #: Exponent used to predict a path's next call time from its current one (dense attention's n^2;
@@ -183,6 +184,7 @@ class SweepRunner:
             row = self.book.row(case, "ok", **values)
             if row["flops"] is not None:
                 add_rates(row, m.samples, t, anchor, anchor_samples, mm_rate)
+            add_executed(row, case, t)
             self.book.emit(case, row)
             if self.book.writes(case):
                 self.book.write_samples(row, m.samples, ref_ratios, anchor_samples)
@@ -234,6 +236,21 @@ def measured_values(m: Member, sibling: Member | None, t: Stats) -> dict[str, An
     )
 
 
+def add_executed(row: dict[str, Any], case: Case, t: Stats) -> None:
+    """A block-sparse path's executed FLOPs (whole blocks, :func:`executed_flops`) and their
+    rate; left empty, with a warning, when the count itself fails (the row still stands)."""
+    try:
+        flops = executed_flops(
+            case.path, case.shape, case.causal, case.params, case.direction, case.device
+        )
+    except Exception as e:  # a count must not cost the measurement
+        logs.warn(f"{case.impl}: executed FLOPs not counted ({one_line(e, 80)})")
+        return
+    if flops is not None:
+        row["flops_executed"] = flops
+        row["flop_per_s_executed"] = flops / t.median
+
+
 def add_rates(
     row: dict[str, Any],
     samples: list[float],
@@ -245,6 +262,8 @@ def add_rates(
     """The row's FLOP/s, the matmul's, and the roofline: the median over rounds of this case's
     FLOP/s over the matmul's in the same round."""
     row["flop_per_s"] = row["flops"] / t.median
+    if row["flops_fa"] is not None:
+        row["flop_per_s_fa"] = row["flops_fa"] / t.median
     row["matmul_flop_per_s"] = mm_rate
     per_round = [
         (row["flops"] / x) / (anchor.flops / a)

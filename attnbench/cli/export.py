@@ -38,8 +38,8 @@ def export_cmd(
         list[str] | None,
         typer.Option(
             "--metric",
-            help="time (default), throughput, memory, roofline, flop-rate, ref-ratio; "
-            "repeatable or comma-separated.",
+            help="time (default), throughput, memory, roofline, flop-rate, flop-rate-fa, "
+            "flop-rate-executed, ref-ratio; repeatable or comma-separated.",
         ),
     ] = None,
     out_file: Annotated[
@@ -50,7 +50,7 @@ def export_cmd(
 
     One benchmark per case, named from its key columns (mechanism:path, params, shape, n).
 
-    github-benchmark: one direction per file; throughput, roofline, flop-rate: customBiggerIsBetter.
+    github-benchmark: one direction per file; throughput, roofline, flop-rates: customBiggerIsBetter.
 
     Example: [bold]attnbench export runs/ci/results.csv --to bencher --metric time,memory[/bold]
     """

@@ -198,6 +198,10 @@ class PathSpec:
     #: largest error against the float64 oracle, relative to the oracle's largest magnitude.
     #: None: an exact path, judged by flash-attention's rule (:mod:`attnbench.core.testing`).
     tolerance: float | None = None
+    #: A block-sparse kernel's executed forward FLOPs, whole blocks counted
+    #: (``executed_flops(shape, causal, params, device) -> int``): FlexAttention computes every
+    #: pair of a block the mask touches. None: the path's work is the mechanism's count.
+    executed_flops: Callable[[Shape, bool, Mapping[str, Any], torch.device], int] | None = None
 
     def __call__(self, *args: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         return self.fn(*args, **self.arguments(kwargs))

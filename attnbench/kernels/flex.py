@@ -35,7 +35,7 @@ from torch import Tensor
 
 from attnbench.core.capabilities import CUDA, FLEX, Requirement
 from attnbench.core.errors import AttnbenchError
-from attnbench.core.spec import PathSpec
+from attnbench.core.spec import PathSpec, Shape
 
 #: ``visible(i, j, n, causal, params) -> bool tensor`` (see ``Mechanism.visible``).
 VisibleRule = Callable[..., Tensor]
@@ -292,6 +292,31 @@ def flex_path(
     return fn
 
 
+def computed_pairs(
+    visible: VisibleRule | None,
+    n: int,
+    causal: bool,
+    params: Mapping[str, Any],
+    device: torch.device | str,
+) -> int:
+    """(query, key) pairs the flex kernel computes at length n: every pair of each block that
+    the BlockMask keeps (partial and full blocks alike; a kernel computes a whole block and
+    masks inside it), the padding of a ragged last block included. Reads the cached BlockMask
+    (the one the path itself runs with), so after a call it costs nothing."""
+    device = torch.device(device)
+    block_mask = block_mask_for(visible, n, causal, params, device)
+    if block_mask is None:  # dense bidirectional: every block
+        from torch.nn.attention.flex_attention import _DEFAULT_SPARSE_BLOCK_SIZE as size
+
+        per_side = -(-n // size)
+        return per_side * per_side * size * size
+    blocks = int(block_mask.kv_num_blocks.sum())
+    if block_mask.full_kv_num_blocks is not None:
+        blocks += int(block_mask.full_kv_num_blocks.sum())
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    return blocks * q_block * kv_block
+
+
 def flex_fused(
     visible: VisibleRule | None = None,
     score_mod: ScoreModBuilder | None = None,
@@ -309,6 +334,13 @@ def flex_fused(
     matrix, which is a correctness check (the tests call the path function directly), not a path
     to time or train with.
     """
+
+    def executed(
+        shape: Shape, causal: bool, params: Mapping[str, Any], device: torch.device
+    ) -> int:
+        pairs = computed_pairs(visible, shape.seq_len, causal, params, device)
+        return 2 * shape.batch * shape.heads * pairs * (shape.head_dim + shape.dv)
+
     return PathSpec(
         name,
         "fused",
@@ -316,4 +348,5 @@ def flex_fused(
         memory="O(n) + BlockMask O((n/128)^2) (compiled flex kernel, CUDA)",
         requires=requires,
         note=note or "FlexAttention, cached BlockMask; compiled on CUDA",
+        executed_flops=executed,
     )

@@ -5,9 +5,11 @@ Forward FLOPs come from :meth:`attnbench.core.spec.Mechanism.forward_flops`: by 
 pattern (causal, windows, dilation), or the mechanism's own formula when it declares one (linear
 attention, AFT...). A multiply-add counts as 2.
 
-Forward + backward counts ``1 + BACKWARD_FACTOR`` times the forward. The roofline denominator is
-not a spec sheet: a square matmul is timed on the same device, in the same dtype and thread count,
-interleaved with the cases it divides (:class:`MatmulAnchor`).
+Forward + backward counts ``1 + BACKWARD_FACTOR`` times the forward; beside it, the same work in
+flash-attention's convention (3.5x the forward) and, for block-sparse kernels (FlexAttention),
+the FLOPs their kernel executes, whole blocks counted, beside the exact pair count. The roofline
+denominator is not a spec sheet: a square matmul is timed on the same device, in the same dtype
+and thread count, interleaved with the cases it divides (:class:`MatmulAnchor`).
 """
 
 from __future__ import annotations
@@ -18,19 +20,23 @@ from typing import Any
 
 import torch
 
-from attnbench.core.spec import Mechanism, Shape
+from attnbench.core.spec import Mechanism, PathSpec, Shape
 
 #: Backward = 2x forward: each forward matmul C = A B has two backward matmuls (dA = dC B^T,
-#: dB = A^T dC). FlashAttention's benchmarks count 2.5x because their backward also recomputes
-#: Q K^T; attnbench counts the math, not one kernel's recomputation, so that every path of a
-#: mechanism is credited with the same FLOPs and their FLOP/s compare directly.
+#: dB = A^T dC). attnbench counts the math, not one kernel's recomputation, so that every path of
+#: a mechanism is credited with the same FLOPs and their FLOP/s compare directly.
 BACKWARD_FACTOR = 2
+#: flash-attention's benchmarks (Dao 2023, benchmarks/benchmark_flash_attention.py) count
+#: forward + backward as 3.5x the forward: their backward recomputes Q K^T (2.5x). Published
+#: FLOP/s figures of attention kernels use it; the ``*_fa`` columns do too, so they line up.
+FA_FWDBWD_FACTOR = 3.5
 
 
 @dataclass(frozen=True)
 class FlopCount:
     flops: int
     method: str  # how it was counted, written into the results row
+    flops_fa: int  # the same work in flash-attention's convention (fwd+bwd = 3.5x forward)
 
 
 def count_flops(
@@ -40,8 +46,29 @@ def count_flops(
     forward = mech.forward_flops(shape, causal, params)
     method = "formula" if mech.flops is not None else "pairs"
     if direction == "fwd":
-        return FlopCount(forward, method)
-    return FlopCount(forward * (1 + BACKWARD_FACTOR), f"{method}; bwd={BACKWARD_FACTOR}x fwd")
+        return FlopCount(forward, method, forward)
+    return FlopCount(
+        forward * (1 + BACKWARD_FACTOR),
+        f"{method}; bwd={BACKWARD_FACTOR}x fwd",
+        round(forward * FA_FWDBWD_FACTOR),
+    )
+
+
+def executed_flops(
+    path: PathSpec,
+    shape: Shape,
+    causal: bool,
+    params: Mapping[str, Any],
+    direction: str,
+    device: torch.device,
+) -> int | None:
+    """What a block-sparse path's kernel computes in one call, whole blocks counted, fwd+bwd in
+    flash-attention's convention (3.5x: its backward recomputes the scores of the same blocks);
+    None for a path that declares no such count."""
+    if path.executed_flops is None:
+        return None
+    forward = path.executed_flops(shape, causal, params, device)
+    return forward if direction == "fwd" else round(forward * FA_FWDBWD_FACTOR)
 
 
 class MatmulAnchor:

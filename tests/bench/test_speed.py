@@ -51,6 +51,13 @@ def test_rows_schema_sidecar_and_complexity(tmp_path):
     assert fwd[(False, "fwd")] == 2 * 1 * 2 * 32 * 32 * (8 + 8)
     assert fwd[(True, "fwd")] == 2 * 1 * 2 * (32 * 33 // 2) * (8 + 8)
     assert fwd[(False, "fwdbwd")] == 3 * fwd[(False, "fwd")]
+    # Beside it, flash-attention's convention: fwd+bwd = 3.5x fwd; no executed count (not sparse).
+    fa = one.set_index(["causal", "direction"])["flops_fa"]
+    assert fa[(False, "fwd")] == fwd[(False, "fwd")]
+    assert fa[(True, "fwdbwd")] == 3.5 * fwd[(True, "fwd")]
+    factor = df["direction"].map({"fwd": 1.0, "fwdbwd": 3.5 / 3})  # rates written to 6 digits
+    assert ((df["flop_per_s_fa"] / df["flop_per_s"] / factor - 1).abs() < 1e-5).all()
+    assert df["flops_executed"].isna().all() and df["flop_per_s_executed"].isna().all()
     # The reference divides itself exactly.
     ref = df[df["path"] == "efficient"]
     assert (ref["ref_ratio"] == 1.0).all() and (ref["reference"] == "softmax:efficient").all()

@@ -41,6 +41,11 @@ def test_runbook_every_step_in_dry_mode(tmp_path):
     assert 'order = "fixed"' in (tmp_path / "9-order" / "fixed" / "suite.toml").read_text()
     assert 'order = "reversed"' in (tmp_path / "9-order" / "reversed" / "suite.toml").read_text()
     assert "collected" in (tmp_path / "1-tests-fused" / "pytest.log").read_text()
+    # The extrapolation step: the trainings as parallel shard processes, each one's step time.
+    times = json.loads((tmp_path / "6-extrapolate" / "step_times.json").read_text())
+    assert set(times) == {"O-seed0", "E-seed0"} and all(
+        t["ms_per_step"] > 0 for t in times.values()
+    )
     libraries = (tmp_path / "11-tests-libraries" / "pytest.log").read_text()
     assert "fla-chunk" in libraries and "softmax:sage" in libraries and "sdpa" not in libraries
     # Resume: a finished step is not run again.

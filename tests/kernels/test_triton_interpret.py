@@ -1,8 +1,8 @@
-"""The Triton kernels on a CPU: tests/kernels/interpreted_triton.py run under Triton's interpreter.
+"""The Triton kernels on a CPU: every tests/kernels/interpreted_*.py run under Triton's interpreter.
 
-It runs in a fresh process with ``TRITON_INTERPRET=1`` set before anything imports triton (see
-that file's docstring for why a subprocess). Its summary, skips included, is shown on failure and
-with ``-rP``.
+They run in one fresh process with ``TRITON_INTERPRET=1`` set before anything imports triton (see
+interpreted_triton.py's docstring for why a subprocess). The summary, skips included, is shown on
+failure and with ``-rP``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ ROOT = HERE.parents[1]  # the repository
 
 def test_triton_kernels_under_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    target = str(HERE / "interpreted_triton.py")
+    targets = sorted(str(path) for path in HERE.glob("interpreted_*.py"))
     args = [sys.executable, "-m", "pytest", "-o", "addopts=", "-q", "-rs", "-p", "no:cacheprovider"]
-    args.append(target)
+    args.extend(targets)
     done = subprocess.run(args, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     print(done.stdout[-3000:])
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
