@@ -61,4 +61,14 @@ SETUP_COLUMNS = ("clock", "threads", "suite")
 #: What must agree for two runs to be compared at all (else: skipped, exit 3).
 MACHINE_COLUMNS = ("device", "device_name", "torch_version")
 
-VERDICT_ORDER = ("worse", "unconfirmed", "suspect", "better", "new", "missing", "same", "not run")
+VERDICT_ORDER = (
+    "worse",
+    "unconfirmed",
+    "suspect",
+    "better",
+    "new",
+    "missing",
+    "not judged",
+    "same",
+    "not run",
+)

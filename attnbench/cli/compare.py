@@ -33,6 +33,7 @@ STYLE = {
     "better": "green",
     "new": "cyan",
     "missing": "yellow",
+    "not judged": "dim",
 }
 
 FORMATS = ("table", "json")

@@ -239,13 +239,30 @@ def test_without_samples_the_threshold_rule_says_so(tmp_path):
     assert {ln.test for ln in result.lines if ln.test} == {"threshold rule"}
 
 
-def test_too_few_rounds_for_the_test_say_so(tmp_path):
+def test_too_few_rounds_for_the_test_are_not_judged_and_say_so(tmp_path):
+    """3 rounds a side cannot reach p < 0.001: such time lines are not judged (no band rule
+    stands in: it fired on an idle machine's noise), even a 1.6x change, and the note says how
+    many rounds would let the test judge them."""
     rng = np.random.default_rng(7)
     a = write_run(tmp_path / "a", grid(rng, rounds=3))
-    b = write_run(tmp_path / "b", grid(rng, rounds=3))
+    b = write_run(tmp_path / "b", grid(rng, rounds=3, shift={"gau": 1.6}))
     result = compare(b, a)
-    assert result.exit_code == 0
-    assert any("too few rounds for the U test" in n for n in result.notes)
+    assert result.exit_code == 0 and result.count("worse") == 0
+    time_lines = [ln for ln in result.lines if ln.test.endswith("rounds")]
+    assert time_lines and all(ln.verdict == "not judged" for ln in time_lines)
+    (note,) = [n for n in result.notes if "not judged" in n]
+    assert "as few as 3 rounds" in note and "timing.min_rounds=7" in note
+    assert f"{len(time_lines)} not judged" in result.headline()
+
+
+def test_enough_rounds_on_one_side_only_is_still_too_few(tmp_path):
+    rng = np.random.default_rng(9)
+    a = write_run(tmp_path / "a", grid(rng, rounds=12))
+    b = write_run(tmp_path / "b", grid(rng, rounds=3, shift={"gau": 1.6}))
+    result = compare(b, a)
+    gau = [ln for ln in result.lines if ln.case.startswith("gau") and ln.test]
+    assert gau and all(ln.verdict == "not judged" for ln in gau), gau
+    # 3 against 12 reaches p = 1/455 at best: above 0.001.
 
 
 def test_runs_not_made_for_comparing_get_one_line_and_wider_thresholds(tmp_path):

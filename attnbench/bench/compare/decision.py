@@ -38,7 +38,8 @@ def judge(
     centre: float = 1.0,
 ) -> tuple[str, float, float | None, str, str]:
     """(verdict, change, p, test, note) of one time quantity on conditions 1 and 2: the U test
-    on the per-round samples when both sides have enough (beyond ``floors[0]``), else the
+    on the per-round samples when both sides have enough (beyond ``floors[0]``); with samples
+    too few for it, *not judged*; without samples (older results, the committed baselines), the
     threshold rule (beyond ``floors[1]``, the p20..p80 bands apart when ``separation``). With
     samples, the floors apply to the change relative to ``centre``, what moved the case's whole
     group (its reference's own drift); without, to the change as it is (the rule as it was).
@@ -56,7 +57,11 @@ def judge(
             if own > floor_tested and not up[0]:
                 note = f"beyond {floor_tested:.3g}x but not significant (p = {test.p_greater:.2g})"
             return _verdict(up, down), change, test.p_greater, f"U test {m}+{n} rounds", note
-        rule = f"{RULE} and the noise ({m}+{n} rounds: too few for the U test)"
+        # Too few rounds for the test to establish anything at this p: not judged. A band rule
+        # stood in here once; on two default runs of a quiet 2-core machine it called 4
+        # unchanged cases regressions (3 rounds a side: the bands of 3 samples are the samples).
+        note = f"{change:.3f}x; {m}+{n} rounds: {TOO_FEW}"
+        return NOT_JUDGED, change, None, f"{m}+{n} rounds", note
     else:
         change = own = cur.median / base.median
         rule = RULE
@@ -68,6 +73,9 @@ def judge(
 
 #: How a line is judged without samples: the rule the CI baselines were tuned with, as it was.
 RULE = "threshold rule"
+#: A time line whose runs have samples, but too few rounds for the U test to reach p_value.
+NOT_JUDGED = "not judged"
+TOO_FEW = "too few for the U test"
 
 
 def _verdict(up: tuple[bool, bool], down: tuple[bool, bool]) -> str:

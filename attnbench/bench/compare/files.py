@@ -21,9 +21,9 @@ from attnbench.bench.compare.cases import (
     uses_ref_ratio,
     work_timing,
 )
-from attnbench.bench.compare.decision import weigh_noise
+from attnbench.bench.compare.decision import NOT_JUDGED, weigh_noise
 from attnbench.bench.compare.records import Comparison, Line, Noise, Thresholds
-from attnbench.bench.compare.statistics import limits_for, too_noisy
+from attnbench.bench.compare.statistics import limits_for, smallest_p, too_noisy
 from attnbench.bench.results import read_results, read_samples, read_sidecar
 from attnbench.bench.thresholds import CORROBORATED_Z, SETUP_COLUMNS
 from attnbench.core.errors import AttnbenchError
@@ -257,10 +257,15 @@ def noise_notes(noise: Noise) -> list[str]:
 
 
 def _few_rounds_note(out: Comparison) -> None:
-    few = sum(1 for line in out.lines if "too few for the U test" in line.test)
-    if few:
-        out.notes.append(
-            f"{few} cases had too few rounds for the U test at p < {out.thresholds.p_value:g} "
-            "(it needs e.g. 7 and 7): their p20..p80 bands stood in for it; more rounds (the "
-            "suite's min_rounds) let the test judge them"
-        )
+    """Say how many time lines were not judged (too few rounds for the U test), and how many
+    rounds a side would let the test judge them."""
+    few = [line for line in out.lines if line.verdict == NOT_JUDGED]
+    if not few:
+        return
+    least = min(int(part) for line in few for part in line.test.split()[0].split("+"))
+    needed = next(r for r in range(2, 64) if smallest_p(r, r) < out.thresholds.p_value)
+    out.notes.append(
+        f"{len(few)} cases not judged on time: as few as {least} rounds a side, and the U test "
+        f"at p < {out.thresholds.p_value:g} needs {needed} and {needed}; re-run both with "
+        f"--set timing.min_rounds={needed} (or compare runs of the ci suite, made for it)"
+    )

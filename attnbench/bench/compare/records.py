@@ -110,7 +110,9 @@ class Line:
     baseline: str
     current: str
     ratio: float | None
-    verdict: str  # worse | unconfirmed | better | same | new | missing | not run
+    verdict: (
+        str  # worse | unconfirmed | suspect | better | same | new | missing | not judged | not run
+    )
     note: str = ""
     p_value: float | None = None  # the U test's one-sided p (current slower), when tested
     test: str = ""  # "U test 9+9 rounds" | "threshold rule" | "" (not a timed quantity)
@@ -151,7 +153,7 @@ class Comparison:
             else ("nothing comparable" if self.compared == 0 else "nothing worse")
         )
         parts = [f"{self.compared} cases compared"]
-        for v in ("unconfirmed", "suspect", "better", "new", "missing"):
+        for v in ("unconfirmed", "suspect", "better", "new", "missing", "not judged"):
             if self.count(v):
                 parts.append(f"{self.count(v)} {v}")
         return f"{verdict} ({', '.join(parts)})"
