@@ -2,7 +2,8 @@
 
 This module checks a call (device, dtype, head dims) and raises a one-line AttnbenchError when a
 kernel cannot take it; only then does it import the kernel module (:mod:`triton_gau`,
-:mod:`triton_retention`), so ``import attnbench`` and ``attnbench list`` work without Triton.
+:mod:`triton_retention`, :mod:`triton_linear`), so ``import attnbench`` and ``attnbench list``
+work without Triton.
 
 Operators (all tensors ``[B, H, T, D]``; v ``[B, H, T, Dv]``; output ``[B, H, T, Dv]``):
 
@@ -10,6 +11,9 @@ Operators (all tensors ``[B, H, T, D]``; v ``[B, H, T, Dv]``; output ``[B, H, T,
   ``chunk``), forward and backward.
 * :func:`retention_chunked` / :func:`linear_attention_chunked`: causal decayed linear attention
   o_t = sum_{s<=t} gamma^(t-s) (q_t . k_s) v_s, chunkwise, forward and backward.
+* :func:`linear_attention_global`: bidirectional linear attention scale * phi(q_t) S /
+  (phi(q_t) . z + eps), S = sum_t phi(k_t)^T v_t, z = sum_t phi(k_t) (FLASH's bidirectional
+  global part: identity, no normaliser, 1/T), forward and backward.
 
 On a CPU these run only under Triton's interpreter (``TRITON_INTERPRET=1`` set before the kernel
 module is first imported), which is what the CPU tests do; the registry paths require CUDA.
@@ -112,10 +116,11 @@ def relu2_attention(
 ) -> Tensor:
     """o_i = row_scale_i * sum_j mask_ij relu(q_i . k_j)^2 v_j with the Triton kernels.
 
-    q, k ``[B, H, T, D]`` (D <= 128), v ``[B, H, T, Dv]`` (any Dv: split into slices of 128,
-    each a kernel call; autograd sums their dq, dk) -> ``[B, H, T, Dv]``. ``row_scale``: ``[T]``
-    positive factors. mask: j <= i when ``causal``; i // chunk == j // chunk when ``chunk`` > 0.
-    ``blocks``: tile sizes (query, key), None for the defaults (tests use small tiles).
+    q, k ``[B, H, T, D]`` (D <= 128), v ``[B, H, T, Dv]`` (Dv <= 256 in one kernel call; a wider
+    v is split into slices of 256, autograd sums their dq, dk) -> ``[B, H, T, Dv]``.
+    ``row_scale``: ``[T]`` positive factors. mask: j <= i when ``causal``; i // chunk == j // chunk
+    when ``chunk`` > 0. ``blocks``: tile sizes (query, key), None for the kernels' own per-kernel
+    tiles (tests use small ones).
     """
     T = q.shape[-2]
     if row_scale.shape != (T,):
@@ -129,6 +134,12 @@ def _relative(row_scale: Tensor) -> tuple[Tensor, float]:
     r_max = float(row_scale.abs().max()) if row_scale.numel() else 1.0
     r_max = r_max or 1.0
     return (row_scale / r_max).to(torch.float32).contiguous(), r_max  # (T,), |row_rel| <= 1
+
+
+#: Widest v slice one relu^2 kernel call takes (the kernels' MAX_VALUE_DIM, kept here so this
+#: module need not import triton): one call computes each score tile once for the whole slice, so
+#: GAU's e = 256 is one call; a wider v is split into slices of this and the slices' dq, dk summed.
+MAX_VALUE_DIM = 256
 
 
 def _relu2(
@@ -148,10 +159,10 @@ def _relu2(
     pre, post = 1.0 / D, r_max * D  # relu^2 tile * pre in the input dtype, * post in fp32
     q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
     outs = []
-    for i in range(0, v.shape[-1], MAX_HEAD_DIM):  # slices of v, each one kernel call
-        v_slice = _last_dim_contiguous(v[..., i : i + MAX_HEAD_DIM])
+    for i in range(0, v.shape[-1], MAX_VALUE_DIM):  # slices of v, each one kernel call
+        v_slice = _last_dim_contiguous(v[..., i : i + MAX_VALUE_DIM])
         args = (row_rel, pre, post, causal, chunk, blocks)
-        outs.append(_Relu2Attention.apply(q, k, v_slice, *args))  # (B, H, T, <=128)
+        outs.append(_Relu2Attention.apply(q, k, v_slice, *args))  # (B, H, T, <= 256)
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
@@ -245,27 +256,33 @@ def _log2_gamma_of(g: Tensor, heads: int) -> Tensor:
 
 
 class _Retention(torch.autograd.Function):
-    """Backward reuses the forward kernel (sums of the same shape, see triton_retention):
-    dq = R(do, v, k), dk = R~(v, do, q), dv = R~(k, q, do), with R~ the anti-causal form."""
+    """Chunk-parallel forward and backward (triton_retention): forward = a state pass and an
+    output kernel; backward = a reversed state pass (dh) and two kernels parallel over chunks
+    (dv; dq and dk). ``log2g`` None: gamma = 1 without decay arithmetic; ``chunk`` None:
+    retention, else FLASH's global part over whole chunks of ``chunk``.
+
+    The forward's states h ([B*H, T / block, D, Dv] float32) are kept for the backward instead
+    of recomputed (FLA recomputes them): it saves one of the backward's two sequential state
+    passes, and the peak memory of forward + backward is the same either way, since the
+    backward holds h and dh together while dq, dk, dv are computed; what grows is only the
+    memory kept between forward and backward, O(T D Dv / block)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, log2g, block, intra):
+    def forward(ctx, q, k, v, log2g, block, chunk):
         from attnbench.kernels import triton_retention
 
-        ctx.save_for_backward(q, k, v, log2g)
-        ctx.opts = {"block": block, "intra": intra}
-        return triton_retention.forward(q, k, v, log2g, reverse=False, **ctx.opts)
+        o, h = triton_retention.forward(q, k, v, log2g, block=block, chunk=chunk)
+        ctx.save_for_backward(q, k, v, log2g, h)
+        ctx.opts = {"block": block, "chunk": chunk}
+        return o
 
     @staticmethod
     def backward(ctx, do):
         from attnbench.kernels import triton_retention
 
-        q, k, v, log2g = ctx.saved_tensors
-        do = do.contiguous()
-        run, opts = triton_retention.forward, ctx.opts
-        dq = run(do, v, k, log2g, reverse=False, **opts)
-        dk = run(v, do, q, log2g, reverse=True, **opts)
-        dv = run(k, q, do, log2g, reverse=True, **opts)
+        q, k, v, log2g, h = ctx.saved_tensors
+        do = _last_dim_contiguous(do)
+        dq, dk, dv = triton_retention.backward(q, k, v, do, h, log2g, **ctx.opts)
         return dq, dk, dv, None, None, None
 
 
@@ -280,13 +297,14 @@ def retention_chunked(
     """Causal o_t = sum_{s<=t} gamma_h^(t-s) (q_t . k_s) v_s, chunkwise (RetNet's chunkwise form,
     Sun et al. 2023; gamma = 1 is unnormalised causal linear attention). q, k ``[B, H, T, D]``,
     v ``[B, H, T, Dv]`` (D, Dv <= 128) -> ``[B, H, T, Dv]``. ``gamma``: one value or one per
-    head, in (0, 1]. ``block``: chunk length (default 64; tests use 16).
+    head, in (0, 1]. ``block``: chunk length, the kernels' tile (a power of two >= 16; default
+    64; tests use 16).
     """
     check_call("retention", q, k, v, max_v=MAX_HEAD_DIM)
     _check_block("retention", block)
     log2g = _log2_gamma(gamma, q.shape[1], q.device)
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-    return _Retention.apply(q, k, v, log2g, block, True)
+    return _Retention.apply(q, k, v, log2g, block, None)
 
 
 def _check_block(kernel: str, block: int | None) -> None:
@@ -332,7 +350,8 @@ def flash_global_chunked(
     (exclusive cumulative sum). ``row_scale`` default: 1 / (g c), the count of tokens summed (Su
     2022's correction; chunk 0 sums nothing and gives 0). q, k ``[B, H, T, D]`` (already the
     Q_lin, K_lin affine maps), v ``[B, H, T, Dv]`` (D, Dv <= 128) -> ``[B, H, T, Dv]``.
-    ``chunk`` c: a power of two >= 16 (it is the kernel's tile; FLASH uses 256).
+    ``chunk`` c: a power of two >= 16 (FLASH uses 256); the kernels walk tiles of min(c, 64)
+    positions and keep states only at multiples of c.
     """
     check_call("flash global", q, k, v, max_v=MAX_HEAD_DIM)
     _check_block("flash global", chunk)
@@ -340,10 +359,85 @@ def flash_global_chunked(
     if row_scale is None:
         summed = torch.div(torch.arange(T, device=q.device), chunk, rounding_mode="floor") * chunk
         row_scale = 1.0 / summed.clamp(min=1).to(torch.float32)  # (T,)
-    log2g = torch.zeros(q.shape[1], dtype=torch.float32, device=q.device)  # gamma = 1
     q, k, v = (_last_dim_contiguous(x) for x in (q, k, v))
-    o = _Retention.apply(q, k, v, log2g, chunk, False)  # (B, H, T, Dv)
+    o = _Retention.apply(q, k, v, None, None, chunk)  # (B, H, T, Dv), gamma = 1
     return o * row_scale.to(device=o.device, dtype=o.dtype)[:, None]
+
+
+# --------------------------------------------------------------------------------------------
+# Bidirectional (global) linear attention: linear:triton bidirectional, FLASH's global part
+# --------------------------------------------------------------------------------------------
+
+#: Feature maps the global linear kernels apply in registers (the names of
+#: attnbench.variants.linear.FEATURE_MAPS).
+LINEAR_FEATURE_MAPS = ("elu+1", "relu", "identity")
+
+
+class _LinearGlobal(torch.autograd.Function):
+    """Saves q, k, v and the float32 state [S, z] ([B*H, D, Dv (+1)]: O(d^2) a head), not the
+    output: the backward recomputes phi and reads S, z (see triton_linear)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, feature_map, normalize, eps, scale, block, splits):
+        from attnbench.kernels import triton_linear
+
+        ctx.args = (feature_map, normalize, eps, scale, block, splits)
+        o, state = triton_linear.forward(q, k, v, *ctx.args)
+        ctx.save_for_backward(q, k, v, state)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        from attnbench.kernels import triton_linear
+
+        q, k, v, state = ctx.saved_tensors
+        dq, dk, dv = triton_linear.backward(q, k, v, state, do, *ctx.args)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+def linear_attention_global(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    feature_map: str = "identity",
+    normalize: bool = False,
+    eps: float = 0.0,
+    scale: float = 1.0,
+    block: int | None = None,
+    splits: int | None = None,
+) -> Tensor:
+    """Bidirectional linear attention with the fused Triton kernels (Katharopoulos et al. 2020;
+    FLASH's bidirectional global part, Hua et al. 2022, is identity, no normaliser, 1/T):
+
+        S = sum_t phi(k_t)^T v_t,  z = sum_t phi(k_t)  (float32)
+        o_t = scale * phi(q_t) S / (phi(q_t) . z + eps)   (``normalize``; else scale * phi(q_t) S)
+
+    phi (``feature_map``: "elu+1", "relu", "identity") applied in float32 and rounded to the
+    input dtype, as ``phi(x.float()).to(dtype)``. q, k ``[B, H, T, D]`` (D <= 128), v
+    ``[B, H, T, Dv]`` (any Dv: split into slices of 128, each a kernel call whose dq, dk
+    autograd sums; the normaliser does not depend on v, so a slice is the same formula) ->
+    ``[B, H, T, Dv]`` in q's dtype. A float16 output past 65504 comes back as inf: callers
+    refuse it (:func:`attnbench.core.precision.refuse_overflow`). ``block``: positions a tile
+    (a power of two >= 16, default 64); ``splits``: programs per (b, h) along T (default:
+    enough to fill the GPU); tests set both small. Deterministic (no atomics).
+    """
+    check_call("linear attention", q, k, v, max_v=None)
+    if feature_map not in LINEAR_FEATURE_MAPS:
+        ok = ", ".join(LINEAR_FEATURE_MAPS)
+        raise AttnbenchError(f"invalid feature_map={feature_map!r}; accepted: {ok}")
+    if not (math.isfinite(eps) and math.isfinite(scale)):
+        raise AttnbenchError(f"linear attention: eps={eps}, scale={scale}; accepted: finite")
+    _check_block("linear attention", block)
+    if splits is not None and splits < 1:
+        raise AttnbenchError(f"linear attention: invalid splits={splits}; accepted: >= 1")
+    q, k = _last_dim_contiguous(q), _last_dim_contiguous(k)
+    args = (feature_map, bool(normalize), float(eps), float(scale), block, splits)
+    outs = []
+    for i in range(0, v.shape[-1], MAX_HEAD_DIM):  # slices of v, each one kernel call
+        v_slice = _last_dim_contiguous(v[..., i : i + MAX_HEAD_DIM])
+        outs.append(_LinearGlobal.apply(q, k, v_slice, *args))  # (B, H, T, <=128)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=-1)
 
 
 # --------------------------------------------------------------------------------------------

@@ -257,17 +257,20 @@ def flash_triton(
     """FLASH on Triton kernels. Local part: the relu² kernel restricted to chunks, row i divided
     by m_i s (or m_i²) with m_i the keys it sees in its chunk, partial last chunk included
     (:func:`attnbench.kernels.triton_ops.gau_relu2` with ``chunk``). Global part, causal: the
-    chunkwise kernel over whole earlier chunks only, / (g c); bidirectional: two fp32 matmuls,
-    q_lin (k_linᵀ v) / T. q, k, q_lin, k_lin ``[B, H, T, s]``, v ``[B, H, T, e]`` -> ``[B, H, T,
-    e]``; any e (v is split into slices of at most 128 for the global kernel).
+    chunkwise kernel over whole earlier chunks only, / (g c); bidirectional: q_lin (k_linᵀ v) / T
+    on the fused global linear-attention kernels (identity feature map, no normaliser, scale
+    1 / T: :func:`attnbench.kernels.triton_ops.linear_attention_global`; k_linᵀ v summed in
+    float32 over T splits from tensor-core dots, the 1 / T fused into the output kernel). q, k,
+    q_lin, k_lin ``[B, H, T, s]``, v ``[B, H, T, e]`` -> ``[B, H, T, e]``; any e (v is split
+    into slices of at most 128 for the global kernels).
     """
     if causal and (why := triton_global_refuses(chunk)):
         raise AttnbenchError(why)
     local = triton_ops.gau_relu2(q, k, v, causal=causal, norm=norm, chunk=chunk)  # (B, H, T, e)
     if not causal:
         T = q.shape[-2]
-        state = k_lin.float().transpose(-2, -1) @ v.float() / T  # (B, H, s, e), fp32
-        o = local + (q_lin.float() @ state).to(local.dtype)  # (B, H, T, e)
+        glob = triton_ops.linear_attention_global(q_lin, k_lin, v, scale=1.0 / T)  # (B, H, T, e)
+        o = local + glob  # (B, H, T, e)
         return refuse_overflow(o, (q, k, v, q_lin, k_lin), "flash:triton")
     width = triton_ops.MAX_HEAD_DIM
     glob = [

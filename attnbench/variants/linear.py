@@ -19,7 +19,10 @@ Paths (all compute the same function):
   ``O_t = phi(Q_t) S_t`` (bidirectional: every query reads the final state). O(d^2) state;
   autograd keeps one state per step for backward.
 * ``triton`` (fused, CUDA): causal, the Triton chunkwise kernel of
-  :mod:`attnbench.kernels.triton_retention` with gamma = 1; bidirectional, float32 matmuls.
+  :mod:`attnbench.kernels.triton_retention` with gamma = 1; bidirectional, the fused kernels of
+  :mod:`attnbench.kernels.triton_linear` (phi in registers, S = phi(K)^T V and z = sum phi(K)
+  summed over T splits in float32 on tensor cores, then phi(Q) S / (phi(Q) . z + eps) per row
+  tile; the backward the same two kernel shapes).
 
 The normaliser rides along as an extra column of ones appended to V in the efficient paths
 (``phi(K)^T [V, 1]`` carries sum phi(K) in its last column).
@@ -42,7 +45,7 @@ from torch import Tensor
 
 from attnbench.core import sources
 from attnbench.core.capabilities import FLA_CORE
-from attnbench.core.precision import float32_sums, refuse_overflow, to_dtype
+from attnbench.core.precision import float32_sums, refuse_overflow
 from attnbench.core.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.kernels import triton_ops
 from attnbench.libraries import fla
@@ -209,29 +212,30 @@ def triton(
 ) -> Tensor:
     """Causal: the sum by the Triton chunkwise kernel (gamma = 1) on phi(Q), phi(K); the
     normaliser phi(Q_t) . sum_{s<=t} phi(K_s) in float32 (:func:`prefix_sum`; O(T d); it grows
-    like T d and passes float16's 65504 near T = 1000 at d = 64). Bidirectional: phi(Q)
-    (phi(K)^T V) and phi(Q) . sum phi(K) as float32 matmuls (a profile on an H100 found these on
-    CUDA cores, not tensor cores: the kernel issue's next step). ``chunk`` does not
-    apply (the kernel has its own tile). q, k: [B, H, T, D], v: [B, H, T, Dv] (D, Dv <= 128) ->
-    [B, H, T, Dv].
+    like T d and passes float16's 65504 near T = 1000 at d = 64). Bidirectional: the fused
+    kernels of :func:`attnbench.kernels.triton_ops.linear_attention_global` (phi applied in
+    registers; phi(K)^T V and sum phi(K) as float32 sums of tensor-core dots, the normaliser,
+    eps and the division fused into the output kernel; before them this branch ran float32
+    matmuls on CUDA cores plus about ten elementwise passes, 1-5 % of the matmul rate in an
+    H100 profile). ``chunk`` does not apply (the kernels have their own tiles). q, k:
+    [B, H, T, D], v: [B, H, T, Dv] (D, Dv <= 128) -> [B, H, T, Dv]. A float16 result past 65504
+    (the unnormalised sum, or the causal kernel's) is refused, never inf.
     """
     triton_ops.check_call("linear attention", q, k, v, max_v=triton_ops.MAX_HEAD_DIM)
+    if not causal:
+        o = triton_ops.linear_attention_global(
+            q, k, v, feature_map=feature_map, normalize=normalize, eps=eps
+        )  # (B, H, T, Dv)
+        return refuse_overflow(o, (q, k, v), "linear:triton")
     fq, fk = phi(q.float(), feature_map).to(q.dtype), phi(k.float(), feature_map).to(k.dtype)
-    fq32, fk32 = fq.float(), fk.float()  # the kernel's operands, exactly, for the normaliser
-    if causal:
-        # The kernel returns the bare sum in the input dtype: in float16 it can pass 65504 long
-        # before the normalised output does (T ~ 850 at d = 64): refused, never inf.
-        num = refuse_overflow(triton_ops.retention_chunked(fq, fk, v, 1.0), (q, k, v),
-                              "linear:triton (its unnormalised sum)")  # fmt: skip
-        if not normalize:
-            return num
-        z = prefix_sum(fk32)  # (B, H, T, D): sum_{s <= t} phi(k_s)
-    else:
-        state = fk32.transpose(-2, -1) @ v.float()  # (B, H, D, Dv)
-        num = fq32 @ state  # (B, H, T, Dv)
-        if not normalize:
-            return to_dtype(num, v.dtype, "linear:triton")
-        z = fk32.sum(-2, keepdim=True)  # (B, H, 1, D)
+    # The kernel returns the bare sum in the input dtype: in float16 it can pass 65504 long
+    # before the normalised output does (T ~ 850 at d = 64): refused, never inf.
+    num = refuse_overflow(triton_ops.retention_chunked(fq, fk, v, 1.0), (q, k, v),
+                          "linear:triton (its unnormalised sum)")  # fmt: skip
+    if not normalize:
+        return num
+    fq32 = fq.float()  # the kernel's operands, exactly, for the normaliser
+    z = prefix_sum(fk.float())  # (B, H, T, D): sum_{s <= t} phi(k_s)
     den = (fq32 * z).sum(-1, keepdim=True)  # (B, H, T, 1)
     return (num.float() / (den + eps)).to(v.dtype)
 
@@ -311,8 +315,8 @@ MECHANISM = Mechanism(
         ),
         triton_ops.fused_path(
             triton,
-            memory="O(n d) (no per-chunk states stored)",
-            note="causal: Triton chunkwise kernel, fp32 normaliser; bidirectional: matmuls",
+            memory="O(n d + n d^2 / 64) (causal: float32 chunk states, kept for the backward)",
+            note="causal: Triton chunkwise kernel, fp32 normaliser; bidirectional: fused kernels",
         ),
         *(
             PathSpec(

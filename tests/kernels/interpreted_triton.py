@@ -110,8 +110,8 @@ def test_gau_half_precision(ops, dtype):
 
 
 def test_gau_value_dim_split(ops, monkeypatch):
-    """v wider than a kernel tile is split into slices (autograd sums their dq, dk)."""
-    monkeypatch.setattr(ops, "MAX_HEAD_DIM", 16)
+    """v wider than one kernel call takes is split into slices (autograd sums their dq, dk)."""
+    monkeypatch.setattr(ops, "MAX_VALUE_DIM", 16)
 
     def fast(q, k, v, **kw):
         return ops.gau_relu2(q, k, v, **kw, blocks=(TILE, TILE))

@@ -120,14 +120,15 @@ def test_chunk_kernel_retries_with_one_stage_when_shared_memory_runs_out(monkeyp
 
             return launch
 
-    monkeypatch.setattr(triton_retention, "_chunk_fwd", FakeKernel())
+    monkeypatch.setattr(triton_retention, "_chunk_states", FakeKernel())
     monkeypatch.setattr(triton_retention, "_STAGES", {})
-    q = torch.randn(1, 2, 300, 128, dtype=torch.float16)
-    log2g = torch.zeros(2)
-    triton_retention.forward(q, q, q, log2g, reverse=False, intra=False, block=256)
-    assert launches == [None, 1]  # the default first, then one stage
-    triton_retention.forward(q, q, q, log2g, reverse=False, intra=False, block=256)
-    assert launches == [None, 1, 1]  # remembered for this configuration
+    q = torch.randn(1, 2, 300, 128)
+    plan = triton_retention._plan(q, q, None, 256, None)  # a user's 256-long chunk, float32
+    default = triton_retention._STATES_CONFIG[2]
+    triton_retention._states(q, q, None, plan, reverse=False)
+    assert launches == [default, 1]  # the default first, then one stage
+    triton_retention._states(q, q, None, plan, reverse=False)
+    assert launches == [default, 1, 1]  # remembered for this configuration
 
 
 def test_flex_raises_dynamo_limits_and_fails_on_a_limit_hit():

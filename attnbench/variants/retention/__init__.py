@@ -87,7 +87,7 @@ MECHANISM = Mechanism(
         ),
         fused_path(
             triton,
-            memory="O(n d) (no per-chunk states stored)",
+            memory="O(n d + n d^2 / 64) (float32 chunk states, kept for the backward)",
             note="Triton chunkwise kernel; rownorm's score sums by the same kernel in fp32",
         ),
         *(
