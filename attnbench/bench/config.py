@@ -54,6 +54,7 @@ class SpeedSuite:
     threads: int = 0
     timing: TimingPolicy = TimingPolicy()
     matmul_size: int = 2048
+    matmul_max_s: float = 1.0  # the matmul is sized down until a call takes at most this long
     #: Parameter overrides per mechanism name, as given (values or text; resolved per mechanism).
     params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: Overrides from --param NAME=VALUE, applied to every selected mechanism that has NAME.
@@ -101,6 +102,7 @@ class SpeedSuite:
             "limits": {"max_len": dict(self.max_len), "max_call_s": self.max_call_s},
             "timing": {**vars(self.timing), "threads": self.threads},
             "matmul_size": self.matmul_size,
+            "matmul_max_s": self.matmul_max_s,
             "params": {k: dict(v) for k, v in self.params.items()},
             "common_params": dict(self.common_params),
         }
@@ -178,6 +180,7 @@ def parse_suite(text: SuiteText, mechanisms: Sequence[Mechanism] | None = None) 
             order=timing.order,
         ),
         matmul_size=timing.matmul_size,
+        matmul_max_s=timing.matmul_max_s,
         params={k: dict(v) for k, v in file.params.items()},
     )
     _check_names(text, suite, mechs)

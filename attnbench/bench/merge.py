@@ -21,10 +21,10 @@ from attnbench.bench.complexity import fit_exponents
 from attnbench.bench.results import (
     COLUMNS,
     SAMPLES_NAME,
-    ResultsWriter,
     plain,
     read_results,
     read_samples_file,
+    results_text,
     row_key,
 )
 from attnbench.bench.summary import COMPLEXITY_NAME, CSV_NAME, SIDECAR_NAME, SpeedRun
@@ -40,7 +40,7 @@ from attnbench.bench.units import (
     write_plan,
 )
 from attnbench.core.errors import AttnbenchError
-from attnbench.runtime.outputs import atomic_path, write_text
+from attnbench.runtime.outputs import write_csv, write_text
 
 EXTRAPOLATE_HINT = (
     "extrapolation runs are not merged: their shards share one --checkpoints folder, and "
@@ -120,7 +120,7 @@ def merge_runs(folders: Sequence[Path], out: Path, *, allow_mixed: bool = False,
     mixed = _check_mixed(taken, allow_mixed)
     ordered, samples, base_sidecar, unit_summaries = _gather(units, taken)
     df, exponents = _write_rows(out, folders, doc, ordered, samples)
-    calibration = _calibration(df, doc)
+    calibration = _calibration(df, doc, _anchor_sizes(taken))
     wall = sum(float(u.get("wall_s") or 0) for u in unit_summaries)
     sidecar = dict(base_sidecar or {"kind": "attnbench-speed", "suite": doc["suite"]})
     sidecar.update(
@@ -250,17 +250,13 @@ def _write_rows(
     out.mkdir(parents=True, exist_ok=True)
     if out.resolve() not in {f.resolve() for f in folders}:
         write_plan(out, doc)  # a merged folder can be merged again, or resumed into
-    # private temporary names (atomic_path): two shards finishing together may both merge
-    with atomic_path(out / CSV_NAME) as tmp:
-        writer = ResultsWriter(tmp)
-        for row in ordered:
-            writer.write(row)
-        writer.close()
+    # whole or not at all, under private temporary names (two shards finishing together may
+    # both merge); a full disk names the file and leaves the one there before
+    write_text(out / CSV_NAME, results_text(ordered))
     write_text(out / SAMPLES_NAME, "".join(line + "\n" for line in samples))
     df = pd.DataFrame(ordered, columns=list(COLUMNS))
     exponents = fit_exponents(df)
-    with atomic_path(out / COMPLEXITY_NAME) as tmp:
-        exponents.to_csv(tmp, index=False, float_format="%.4g")
+    write_csv(exponents, out / COMPLEXITY_NAME, index=False, float_format="%.4g")
     return df, exponents
 
 
@@ -273,14 +269,32 @@ def _sample_lines(path: Path) -> list[tuple[tuple[str, ...], str]]:
     return [(row_key(json.loads(line)), line) for line in lines]
 
 
-def _calibration(df: pd.DataFrame, doc: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """The matmul rate per dtype over the merged rows (each unit timed its own)."""
+def _anchor_sizes(taken: dict[str, tuple[Path, dict]]) -> dict[str, list[int]]:
+    """dtype -> the matmul sizes the finished units timed, from their sidecars (each unit sizes
+    its own matmul by time, so under another load two units may have kept different sizes)."""
+    sizes: dict[str, set[int]] = {}
+    for folder, rec in taken.values():
+        if rec.get("status") != "ok":
+            continue
+        for dtype, cal in ((_read_sidecar(folder) or {}).get("calibration") or {}).items():
+            if isinstance(cal, dict) and isinstance(cal.get("matmul_size"), int):
+                sizes.setdefault(dtype.removeprefix("torch."), set()).add(cal["matmul_size"])
+    return {dtype: sorted(found) for dtype, found in sizes.items()}
+
+
+def _calibration(
+    df: pd.DataFrame, doc: dict[str, Any], sizes: dict[str, list[int]]
+) -> dict[str, dict[str, Any]]:
+    """The matmul rate per dtype over the merged rows (each unit timed its own), and the
+    matmul's size: one number, or the sizes when the units kept different ones."""
     out = {}
     ok = df[df["status"] == "ok"].dropna(subset=["matmul_flop_per_s"])
     for dtype, g in ok.groupby("dtype"):
         rates = g["matmul_flop_per_s"].astype(float).unique()
+        kept = sizes.get(str(dtype)) or [doc["suite"].get("matmul_size")]
         out[f"torch.{dtype}"] = {
-            "matmul_size": doc["suite"].get("matmul_size"),
+            "matmul_size": kept[0] if len(kept) == 1 else kept,
+            "matmul_size_max": doc["suite"].get("matmul_size"),
             "flop_per_s_median": float(pd.Series(rates).median()),
             "flop_per_s_min": float(rates.min()),
             "flop_per_s_max": float(rates.max()),

@@ -21,6 +21,7 @@ from attnbench.bench.headline import headline_figure
 from attnbench.bench.panels import METRICS, family_figure
 from attnbench.bench.results import read_results
 from attnbench.core.errors import AttnbenchError
+from attnbench.runtime.outputs import save_figure
 
 FORMATS = ("png", "svg")
 HEADLINE_NAME = "headline"
@@ -67,8 +68,11 @@ def plot_results(csv: Path, out_dir: Path | None = None, fmt: str = "png") -> Fi
 
 
 def save(fig: Figure, path: Path) -> None:
-    fig.savefig(path, dpi=100, bbox_inches="tight")
-    plt.close(fig)
+    """Whole or not at all: a full disk leaves no truncated image, and names the file."""
+    try:
+        save_figure(fig, path, dpi=100, bbox_inches="tight")
+    finally:
+        plt.close(fig)
 
 
 def _require_measurements(csv: Path, df: pd.DataFrame) -> None:

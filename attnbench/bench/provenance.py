@@ -168,13 +168,14 @@ def start_sidecar(
 
 
 def calibration(
-    suite: SpeedSuite, mm_rates: Mapping[str, list[float]]
+    suite: SpeedSuite, mm_rates: Mapping[str, list[float]], sizes: Mapping[str, int]
 ) -> dict[str, dict[str, float]]:
     """Per dtype, the rate of the roofline's matmul over the groups (timed in every group's
-    rounds)."""
+    rounds) and its size: the one timed (``sizes``, sized by time), at most ``matmul_size``."""
     return {
         dtype: {
-            "matmul_size": suite.matmul_size,
+            "matmul_size": sizes.get(dtype, suite.matmul_size),
+            "matmul_size_max": suite.matmul_size,
             "flop_per_s_median": float(pd.Series(rates).median()),
             "flop_per_s_min": min(rates),
             "flop_per_s_max": max(rates),

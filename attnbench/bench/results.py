@@ -23,7 +23,7 @@ import io
 import json
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,11 @@ _BOOL = ("causal", "noisy")
 _TEXT = tuple(c for c in COLUMNS if c not in _INT + _FLOAT + _BOOL)
 
 
+#: How results CSVs are read: UTF-8, less the byte-order mark a spreadsheet saves in front of
+#: the header (Excel's "CSV UTF-8"), which would otherwise make the first column ``\ufeffsuite``.
+CSV_ENCODING = "utf-8-sig"
+
+
 def cell(value: Any) -> str:
     """How a value is written: '' for None/NaN, true/false, 6 significant digits for floats."""
     if value is None:
@@ -212,14 +217,24 @@ class ResultsWriter:
         self.rows = 0
 
     def write(self, row: Mapping[str, Any]) -> None:
-        extra = set(row) - set(COLUMNS)
-        if extra:
-            raise KeyError(f"not results columns: {sorted(extra)}")
-        self._file.write(_csv_line([cell(row.get(c)) for c in COLUMNS]))
+        self._file.write(_row_line(row))
         self.rows += 1
 
     def close(self) -> None:
         self._file.close()
+
+
+def _row_line(row: Mapping[str, Any]) -> str:
+    extra = set(row) - set(COLUMNS)
+    if extra:
+        raise KeyError(f"not results columns: {sorted(extra)}")
+    return _csv_line([cell(row.get(c)) for c in COLUMNS])
+
+
+def results_text(rows: Iterable[Mapping[str, Any]]) -> str:
+    """A whole results CSV, header and rows, as :class:`ResultsWriter` writes it: for a file
+    written at once, whole or not at all (``attnbench merge``)."""
+    return "".join([_csv_line(COLUMNS), *(_row_line(row) for row in rows)])
 
 
 def _older_header(header: Sequence[str]) -> bool:
@@ -232,7 +247,7 @@ def _older_header(header: Sequence[str]) -> bool:
 def _widen_older_header(path: Path) -> None:
     """Rewrite a results CSV written before ADDED_COLUMNS existed with today's header (the new
     cells empty), so that a resumed run appends rows of the same width."""
-    text = path.read_text(encoding="utf-8")
+    text = path.read_text(encoding=CSV_ENCODING)
     rows = list(csv.reader(io.StringIO(text, newline="")))
     if not rows or tuple(rows[0]) == COLUMNS or not _older_header(rows[0]):
         return
@@ -299,7 +314,7 @@ def read_results(path: Path | str, warn: Warn = logs.warn) -> pd.DataFrame:
     if not path.is_file():
         raise AttnbenchError(f"{path}: no such file; give a results CSV written by attnbench run")
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode(CSV_ENCODING)
         header = next(csv.reader(io.StringIO(text, newline="")), [])
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise AttnbenchError(f"{path}: not an attnbench results CSV ({e})") from None

@@ -71,7 +71,7 @@ from attnbench.core.errors import AttnbenchError
 from attnbench.core.spec import Mechanism
 from attnbench.measure import machine
 from attnbench.measure.timing import Clock, retain_freed_memory
-from attnbench.runtime.outputs import ensure_dir
+from attnbench.runtime.outputs import ensure_dir, write_csv
 from attnbench.runtime.progress import Progress, Silent
 
 
@@ -170,9 +170,9 @@ def _finish(
     rows = runner.book.rows
     cx_path = out_dir / COMPLEXITY_NAME
     exponents = fit_exponents(pd.DataFrame(rows, columns=list(COLUMNS)))
-    exponents.to_csv(cx_path, index=False, float_format="%.4g")
+    write_csv(exponents, cx_path, index=False, float_format="%.4g")
     not_run = runner.book.not_run(runner.groups)
-    rates = calibration(suite, runner.mm_rates)
+    rates = calibration(suite, runner.mm_rates, runner.anchor_sizes)
     finish_sidecar(sidecar, wall=wall, interrupted=interrupted, stopped=runner.stopped,
                    calibration=rates, rows=rows, not_run=not_run, load=load)  # fmt: skip
     busy = machine.busy_reason(load["others_during"], busy_threads) if load else None

@@ -17,7 +17,7 @@ from attnbench.bench.member import Member, free_memory, set_up
 from attnbench.bench.plan import Case, Group, unsupported_reason
 from attnbench.bench.record import Recorder
 from attnbench.core.errors import AttnbenchError
-from attnbench.measure.flops import MatmulAnchor, executed_flops
+from attnbench.measure.flops import MatmulAnchor, executed_flops, sized_anchor
 from attnbench.measure.timing import (
     Clock,
     Stats,
@@ -57,6 +57,11 @@ class SweepRunner:
         self.anchors: dict[torch.dtype, tuple[MatmulAnchor, int]] = {}  # dtype -> (matmul, block)
         self.mm_rates: dict[str, list[float]] = {}  # dtype -> the matmul rate of every group
         self.stopped: str | None = None  # why the sweep ended early (not Ctrl-C)
+
+    @property
+    def anchor_sizes(self) -> dict[str, int]:
+        """dtype -> the size of the matmul the run timed (sized by time, at most matmul_size)."""
+        return {anchor.dtype: anchor.size for anchor, _ in self.anchors.values()}
 
     def run(self) -> bool:
         """Run every group; returns True when interrupted by Ctrl-C."""
@@ -118,10 +123,14 @@ class SweepRunner:
         return None
 
     def _anchor(self, dtype: torch.dtype) -> tuple[MatmulAnchor, int]:
-        """The group's matmul (built and warmed once per dtype) and its calls per sample."""
+        """The group's matmul (sized by wall time, built and warmed once per dtype:
+        :func:`sized_anchor`) and its calls per sample."""
         if dtype not in self.anchors:
-            self.progress.note(f"warming up the {str(dtype).removeprefix('torch.')} matmul")
-            anchor = MatmulAnchor(self.device, dtype, self.suite.matmul_size)
+            suite, note = self.suite, self.progress.note
+            anchor = sized_anchor(
+                self.device, dtype, suite.matmul_size, suite.matmul_max_s, Clock(self.device), note
+            )
+            self.progress.note(f"warming up the {anchor.dtype} matmul ({anchor.size}^3)")
             warm = warm_up(anchor, self.clock, self.suite.timing)
             self.anchors[dtype] = (anchor, block_calls(warm.per_call_s, self.suite.timing))
         return self.anchors[dtype]

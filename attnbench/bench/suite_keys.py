@@ -154,7 +154,15 @@ class Timing(Checked):
         valid=above(0),
     )
     matmul_size: int = setting(
-        2048, "size of the square matmul timed for the roofline", valid=at_least(1)
+        2048,
+        "size of the square matmul timed for the roofline (at most: see matmul_max_s)",
+        valid=at_least(1),
+    )
+    matmul_max_s: float = setting(
+        1.0,
+        "the roofline's matmul is the largest power-of-two size up to matmul_size whose call "
+        "takes at most this long here (seconds; 0: always matmul_size)",
+        valid=at_least(0),
     )
     retain_memory: bool = setting(
         False,

@@ -18,6 +18,7 @@ Fault injection for the tests: :mod:`attnbench.runtime.engines`.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 import time
@@ -44,14 +45,17 @@ from attnbench.bench.units import (
     write_plan,
 )
 from attnbench.core.errors import AttnbenchError
+from attnbench.measure import machine
 from attnbench.runtime.engines import (
     check_executor,
     check_fits,
+    check_ray_address,
     died_reason,
     inject_fault,
     ray_session,
     require_ray,
 )
+from attnbench.runtime.outputs import remove_stale, write_failed
 from attnbench.runtime.processes import WorkerProcess
 from attnbench.runtime.ray_tasks import error_reason, tasks_with_one_retry
 from attnbench.runtime.units import shard_units
@@ -89,11 +93,8 @@ def run_unit(suite, index: int, unit_id: str, out: Path, attempt: int,
              mechanisms=None) -> dict[str, Any]:  # fmt: skip
     """Run unit ``index`` of ``suite`` into a staging folder under ``out``, then move it to
     ``out/units/<id>`` if it completed; returns its record. An interrupted or stopped unit
-    (sticky CUDA error) is not published: its record says ``failed``."""
-    import torch
-
-    from attnbench.bench.run import run_speed
-
+    (sticky CUDA error) is not published: its record says ``failed``. The staging folder is
+    gone when this returns or raises (a full disk, say): published, or removed."""
     units = speed_units(suite, mechanisms)
     unit = units[index] if index < len(units) else None
     if unit is None or unit.id != unit_id:
@@ -104,13 +105,24 @@ def run_unit(suite, index: int, unit_id: str, out: Path, attempt: int,
     inject_fault(unit.id, attempt == 1)
     staging = staging_dir(out, unit)
     staging.mkdir(parents=True)
+    try:
+        rec = _run_staged(suite, unit, staging, attempt, mechanisms)
+        if rec["status"] == "ok":
+            publish(staging, unit_dir(out, unit))
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)  # not there any more once published
+    return rec
+
+
+def _run_staged(suite, unit: Unit, staging: Path, attempt: int, mechanisms) -> dict[str, Any]:
+    """Run ``unit`` into ``staging`` and write its record there; returns the record."""
+    import torch
+
+    from attnbench.bench.run import run_speed
+
     started = now()
     command = ["attnbench", "run", "speed", "--unit", unit.id]
-    try:
-        run = run_speed(suite, staging, mechanisms=mechanisms, unit=unit, command=command)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    run = run_speed(suite, staging, mechanisms=mechanisms, unit=unit, command=command)
     reason = run.stopped or ("interrupted (Ctrl-C)" if run.interrupted else "")
     rec = record(
         unit,
@@ -128,10 +140,6 @@ def run_unit(suite, index: int, unit_id: str, out: Path, attempt: int,
         },
     )
     write_json_atomic(staging / RECORD_NAME, rec)
-    if rec["status"] == "ok":
-        publish(staging, unit_dir(out, unit))
-    else:
-        shutil.rmtree(staging, ignore_errors=True)
     return rec
 
 
@@ -158,10 +166,7 @@ def _failed_record(unit: Unit, attempts: int, exit_code: int | None, reason: str
 
 def _keep_failure(out: Path, unit: Unit, rec: dict[str, Any]) -> None:
     """A unit that failed twice leaves a folder holding only its record (no rows)."""
-    staging = staging_dir(out, unit)
-    staging.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(staging / RECORD_NAME, rec)
-    publish(staging, unit_dir(out, unit))
+    _publish_files(out, unit, {RECORD_NAME: json.dumps(rec, indent=1, default=str) + "\n"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,7 +216,11 @@ def run_sweep(
     check_executor(executor)
     if executor == "ray":
         require_ray()  # before any work: a missing Ray is a one-line error
+        check_ray_address(ray_address)  # and an address nothing answers at
     units, mine, todo = plan_sweep(suite, out, shard, resume, overwrite)
+    _remove_stale(out, log)
+    if executor == "local" and (too_many := machine.oversubscribed(suite.thread_count())):
+        log(f"warning: {too_many}")  # as a single-process run says (Ray refuses such tasks)
     outcome = SweepOutcome(out, units, mine)
     outcome.skipped = [u.id for u in mine if u not in todo]
     where = f"shard {shard[0]}/{shard[1]}: " if shard else ""
@@ -228,6 +237,15 @@ def run_sweep(
         outcome.interrupted = True
     outcome.wall_s = time.perf_counter() - started
     return outcome
+
+
+def _remove_stale(out: Path, log) -> None:
+    """The staging folders of units whose process was killed on this host (a ``kill -9`` of the
+    run, a machine that went down): never published, removed."""
+    stale = remove_stale(out / UNITS_DIR)
+    if stale:
+        log(f"removed {len(stale)} unfinished unit folder{'s' * (len(stale) > 1)} of a killed "
+            f"run: {', '.join(p.name for p in stale)}")  # fmt: skip
 
 
 def _progress(outcome: SweepOutcome, total: int, running: int, unit: Unit, rec: dict) -> str:
@@ -266,7 +284,8 @@ def _run_locally(suite, out: Path, todo: Sequence[Unit], outcome: SweepOutcome, 
             log(_progress(outcome, len(todo), 0 if n + 1 == len(todo) else 1, unit, rec))
     finally:
         if worker is not None:
-            worker.stop()
+            worker.stop()  # it may have been killed halfway: its staging folder goes too
+            remove_stale(out / UNITS_DIR)
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,15 +333,28 @@ def _run_on_ray(ray, suite, out: Path, todo, outcome: SweepOutcome, log) -> None
         else:
             rec, files = end.result
         if rec["status"] == "ok":
-            staging = staging_dir(out, unit)
-            staging.mkdir(parents=True, exist_ok=True)
-            for name, text in files.items():
-                (staging / name).write_text(text, encoding="utf-8")
-            publish(staging, unit_dir(out, unit))
+            _publish_files(out, unit, files)
         else:
             _keep_failure(out, unit, rec)
         outcome.records[unit.id] = rec
         log(_progress(outcome, len(todo), end.pending, unit, rec))
+
+
+def _publish_files(out: Path, unit: Unit, files: dict[str, str]) -> None:
+    """A Ray task's unit folder, written here: whole, or (a full disk) not at all, with the
+    file that could not be written named."""
+    staging = staging_dir(out, unit)
+    try:
+        staging.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            try:
+                (staging / name).write_text(text, encoding="utf-8")
+            except OSError as e:
+                raise write_failed(unit_dir(out, unit) / name, e) from None
+        publish(staging, unit_dir(out, unit))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
 
 
 def _ray_error(e: BaseException) -> str:

@@ -10,7 +10,7 @@ import typer
 
 from attnbench import __version__
 from attnbench.cli import check_cmd, compare, export, gate, list_cmd, merge_cmd, plot, show
-from attnbench.cli.common import INTERRUPTED, USAGE_ERROR, Group
+from attnbench.cli.common import INTERRUPTED, USAGE_ERROR, Group, command_help
 from attnbench.cli.run import run_app
 from attnbench.runtime import logs
 
@@ -39,15 +39,21 @@ def root(
     logs.show_on_stderr()  # the library logs; the command line shows it
 
 
-app.command("list")(list_cmd.list_mechanisms)
-app.command("check")(check_cmd.check)
-app.command("show")(show.show)
+for _name, _fn in (
+    ("list", list_cmd.list_mechanisms),
+    ("check", check_cmd.check),
+    ("show", show.show),
+):
+    app.command(_name, **command_help(_fn))(_fn)
 app.add_typer(run_app, name="run")
-app.command("plot")(plot.plot_cmd)
-app.command("compare")(compare.compare_cmd)
-app.command("export")(export.export_cmd)
-app.command("merge")(merge_cmd.merge_cmd)
-app.command("gate")(gate.gate_cmd)
+for _name, _fn in (
+    ("plot", plot.plot_cmd),
+    ("compare", compare.compare_cmd),
+    ("export", export.export_cmd),
+    ("merge", merge_cmd.merge_cmd),
+    ("gate", gate.gate_cmd),
+):
+    app.command(_name, **command_help(_fn))(_fn)
 
 
 # Typer may vendor its own click (typer._click): take click's exception classes from Typer's own

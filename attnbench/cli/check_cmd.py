@@ -62,9 +62,11 @@ def check(
     ),
     seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
 ) -> None:
-    """Check every faster path of a mechanism against its dense reference (outputs and
-    gradients), with flash-attention's tolerance rule. Exit code 1 if a path fails. Paths that
-    cannot run on this machine are shown as skipped; one asked for with --path is an error.
+    """Check every faster path of a mechanism against its dense reference.
+
+    Outputs and gradients, with flash-attention's tolerance rule. Exit code 1 if a path fails.
+    Paths that cannot run on this machine are shown as skipped; one asked for with --path is an
+    error.
 
     Example: [bold]attnbench check softmax-logn --param base=e --causal --n 257[/bold]
     """
@@ -172,17 +174,11 @@ def refuse_if_too_big(shape: Shape) -> None:
     """The float64 oracle builds B x H x n x n; refuse, with what fits, before allocating it."""
     from attnbench.measure import machine
 
-    available = machine.available_memory_bytes()
-    if available is None:
-        return
     per_square = DENSE_COPIES * 8 * shape.batch * shape.heads  # bytes per (query, key) pair
-    need = per_square * shape.seq_len**2
-    if need <= 0.8 * available:
-        return
-    longest = int((0.8 * available / per_square) ** 0.5)
-    raise AttnbenchError(
-        f"--n {shape.seq_len}: the dense float64 reference builds batch x heads x n x n scores, "
-        f"about {need / 2**30:.0f} GiB with its backward, and this machine has "
-        f"{available / 2**30:.1f} GiB available; accepted here: --n up to about {longest} "
-        "(or fewer --heads / --batch)"
+    machine.refuse_if_too_big(
+        "--n",
+        shape.seq_len,
+        lambda n: per_square * n**2,
+        "the dense float64 reference builds batch x heads x n x n scores (with its backward)",
+        " (or fewer --heads / --batch)",
     )

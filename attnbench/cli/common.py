@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ast
+import inspect
 import os
 import re
 import sys
+from collections.abc import Callable
 from enum import Enum
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -123,6 +126,30 @@ def parse_params(
             raise AttnbenchError(f"{option} {item!r} is not NAME=VALUE (e.g. {option} {example})")
         params[key.strip()] = value.strip()
     return params
+
+
+def command_help(fn: Callable[..., Any]) -> dict[str, str]:
+    """``help`` and ``short_help`` for registering ``fn`` as a command, from its docstring.
+
+    Typer's rich help keeps a docstring's line breaks inside a paragraph: a hard-wrapped
+    docstring broke mid-sentence at every width ("(outputs and" / "gradients), with ..."), and
+    the command list showed the whole first paragraph so. Here each paragraph becomes one line
+    (the terminal wraps it), and the list shows the first sentence of the first paragraph."""
+    paragraphs = [p for p in inspect.cleandoc(fn.__doc__ or "").split("\n\n") if p.strip()]
+    help_text = "\n\n".join(
+        p if p.startswith("\b") else " ".join(line.strip() for line in p.splitlines())
+        for p in paragraphs
+    )
+    first = help_text.split("\n\n", 1)[0]
+    sentence = re.match(r"(.+?[.!?])(\s|$)", first)
+    return {"help": help_text, "short_help": sentence.group(1) if sentence else first}
+
+
+def bar_width(width: int) -> int:
+    """A progress bar's width on a terminal ``width`` columns wide: 40 where there is room, as
+    little as 10 on a narrow one, so that the counts, the times and the text beside the bar
+    stay whole (rich squeezes every column alike, cutting the numbers first)."""
+    return max(10, min(40, width - 100))
 
 
 def short_reason(reason: str) -> str:

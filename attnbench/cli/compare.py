@@ -46,6 +46,7 @@ Confirm = Annotated[
         "--confirm",
         help="Results of the same grid run again: a regression counts only if it repeats "
         "there too (repeatable).",
+        metavar="<path>",  # not list[Path]: a narrower column, so no option name is cut at 80
     ),
 ]
 MarkdownFile = Annotated[

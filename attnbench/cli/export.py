@@ -50,11 +50,12 @@ def export_cmd(
 
     One benchmark per case, named from its key columns (mechanism:path, params, shape, n).
 
-    github-benchmark: one direction per file; throughput, roofline, flop-rates: customBiggerIsBetter.
+    github-benchmark: one direction per file; throughput, roofline, flop rates: bigger is better.
 
     Example: [bold]attnbench export runs/ci/results.csv --to bencher --metric time,memory[/bold]
     """
     from attnbench.bench.export import export_text, github_tool, parse_metrics
+    from attnbench.runtime.outputs import write_text
 
     if to is None:
         raise fail("--to is required: github-benchmark or bencher")
@@ -65,7 +66,7 @@ def export_cmd(
     else:
         try:
             out_file.parent.mkdir(parents=True, exist_ok=True)
-            out_file.write_text(text, encoding="utf-8")
+            write_text(out_file, text)  # whole or not at all: a full disk leaves no half file
         except OSError as e:
             raise fail(f"cannot write {out_file}: {e.strerror or e}") from None
         typer.echo(f"wrote {out_file}", err=True)

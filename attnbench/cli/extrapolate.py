@@ -35,7 +35,7 @@ Preset = Annotated[
     typer.Option(
         "--preset",
         "-p",
-        help="Preset name (suites/extrapolate/NAME.toml: cpu, paper) or a TOML file.",
+        help="Preset name (cpu, paper: the files in suites/extrapolate) or a TOML file.",
     ),
 ]
 SeedsOption = Annotated[int | None, typer.Option(help="Training seeds (0..N-1).")]
@@ -70,7 +70,8 @@ CorpusOption = Annotated[
     typer.Option(help="A text file or a folder of .txt files (default: the shipped Shakespeare)."),
 ]
 OutOption = Annotated[
-    Path | None, typer.Option("--out", help="Output folder (default runs/extrapolate/PRESET).")
+    Path | None,
+    typer.Option("--out", help="Output folder (default: a PRESET folder in runs/extrapolate)."),
 ]
 CheckpointsOption = Annotated[
     Path | None, typer.Option(help="Checkpoint folder (default OUT/checkpoints).")

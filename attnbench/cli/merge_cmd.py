@@ -29,9 +29,11 @@ def merge_cmd(
         bool, typer.Option("--plot/--no-plot", help="Draw the figures into --out/figures.")
     ] = True,
 ) -> None:
-    """Join the units of a speed sweep run with --shard I/N (an array job) or --executor into
-    the files of a single run: results.csv in plan order, samples.jsonl, complexity.csv re-fitted,
-    results.json listing every unit (host, device, versions, status).
+    """Join the units of a speed sweep run with --shard or --executor into one run's files.
+
+    The units of a sweep run with --shard I/N (an array job) or --executor become the files of a
+    single run: results.csv in plan order, samples.jsonl, complexity.csv re-fitted, results.json
+    listing every unit (host, device, versions, status).
 
     A unit no folder finished, or one that failed twice, becomes error rows naming it.
 

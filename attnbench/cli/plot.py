@@ -32,10 +32,14 @@ def plot_cmd(
         FigureFormat, typer.Option("--format", help="The figures' file format.")
     ] = FigureFormat.png,
 ) -> None:
-    """Time and peak memory against n (log-log), one panel per family with dense SDPA in each,
-    one figure of each per direction and causal flag (time-*.png, memory-*.png); and
-    headline.png: each efficient path's speed-up and memory relative to dense SDPA at the
-    longest n it reached. Where a series stops, a marker says why (oom, skipped, unsupported).
+    """Draw a run's figures: time and memory against n, accuracy or training loss.
+
+    Given a results CSV of `run speed`: time and peak memory against n (log-log), one panel per
+    family with dense SDPA in each, one figure of each per direction and causal flag
+    (time-*.png, memory-*.png); and headline.png: each efficient path's speed-up and memory
+    relative to dense SDPA at the longest n it reached. Where a series stops, a marker says why
+    (oom, skipped, unsupported).
+
     Given the extrapolate.csv of `run extrapolate`: its accuracy figure, redrawn (default:
     beside the CSV). Given its curves.csv: the training loss against step.
 

@@ -16,7 +16,9 @@ from rich.progress import (
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
+from rich.table import Column
 
+from attnbench.cli.common import bar_width
 from attnbench.runtime import progress
 
 
@@ -36,7 +38,9 @@ class LineProgress(progress.LogLines):
 
 
 class RichProgress:
-    """One bar per training: steps, loss, tokens/s, elapsed, remaining."""
+    """One bar per training: steps, loss, tokens/s, elapsed, remaining. On a narrow terminal
+    the bar narrows and a long label is cut, never the numbers (rich squeezes every column
+    alike: at 80 columns a long label left no bar, count or time)."""
 
     def __init__(self, console: Console | None = None):
         self.console = console or Console(stderr=True)
@@ -44,9 +48,15 @@ class RichProgress:
         self._task = None
 
     def start(self, title: str, total: int, completed: int = 0) -> None:
+        bar = bar_width(self.console.width)
+        # What the numbers beside the label take: the bar, steps/total, "loss 2.345", the
+        # tokens/s, two times, and the spaces between the columns.
+        numbers = bar + 2 * len(str(total)) + 1 + 10 + 16 + 7 + 7 + 6
+        label = Column(max_width=max(8, self.console.width - numbers), no_wrap=True,
+                       overflow="ellipsis")  # fmt: skip
         self._bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
+            TextColumn("{task.description}", table_column=label),
+            BarColumn(bar_width=bar),
             MofNCompleteColumn(),
             TextColumn("loss {task.fields[loss]}"),
             TextColumn("{task.fields[tps]} tok/s"),

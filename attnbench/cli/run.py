@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from attnbench.cli import extrapolate, speed_cmd
-from attnbench.cli.common import Group
+from attnbench.cli.common import Group, command_help
 
 run_app = typer.Typer(
     cls=Group,
@@ -13,6 +13,9 @@ run_app = typer.Typer(
     help="Run a suite: speed and memory, length extrapolation, attention entropy.",
 )
 
-run_app.command("speed")(speed_cmd.speed)
-run_app.command("extrapolate")(extrapolate.extrapolate)
-run_app.command("entropy")(extrapolate.entropy)
+for _name, _fn in (
+    ("speed", speed_cmd.speed),
+    ("extrapolate", extrapolate.extrapolate),
+    ("entropy", extrapolate.entropy),
+):
+    run_app.command(_name, **command_help(_fn))(_fn)

@@ -131,12 +131,15 @@ SetOption = Annotated[
     typer.Option(
         "--set",
         help="Any suite key as SECTION.FIELD=VALUE, over the suite file before it is checked; "
-        "sections: grid, shape, limits, timing, params.NAME (e.g. timing.rounds=9, "
-        "grid.dtypes=bf16,fp16). Repeatable; the options above apply after it.",
+        "sections: grid, shape, limits, timing, params.NAME (e.g. timing.rounds=9 or "
+        "grid.dtypes=bf16). Repeatable; the options above apply after it.",
     ),
 ]
 OutOption = Annotated[
-    Path | None, typer.Option("--out", help="Output directory (default runs/speed/SUITE-TIME).")
+    Path | None,
+    typer.Option(
+        "--out", help="Output directory (default: a new SUITE-TIME folder in runs/speed)."
+    ),
 ]
 OverwriteOption = Annotated[bool, typer.Option(help="Replace results already in --out.")]
 ResumeOption = Annotated[

@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.table import Column, Table
 
-from attnbench.cli.common import err, out, short_reason
+from attnbench.cli.common import bar_width, err, out, short_reason
+from attnbench.core.errors import AttnbenchError
 
 if TYPE_CHECKING:  # the benchmark (torch) is imported when the command runs, not for --help
     from attnbench.bench.summary import SpeedRun
@@ -85,22 +87,30 @@ class SweepLines:
 
 class SweepBar:
     """The sweep's progress as a bar (cases done / planned) with the group and round being
-    timed."""
+    timed. The title is a line of its own above the bar, and the bar narrows on a narrow
+    terminal: at 80 columns a title in the bar's row and a 40-column bar left no room, and
+    rich cut every field, the counts and the time included."""
 
-    def __init__(self) -> None:
+    def __init__(self, console: Console | None = None) -> None:
+        console = console or err
+        self.bar_width = bar_width(console.width)
+        self.where_column = Column(no_wrap=True, overflow="ellipsis")
         self.progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
+            BarColumn(bar_width=self.bar_width),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
-            TextColumn("{task.fields[where]}"),
-            console=err,
+            TextColumn("{task.fields[where]}", table_column=self.where_column),
+            console=console,
             transient=False,
         )
         self.task = None
         self.where = ""
 
     def start(self, title: str, total: int, completed: int = 0) -> None:
+        # The group and round fill what the bar, "done/total" and the time leave of the line.
+        numbers = self.bar_width + 2 * len(str(total)) + 1 + 7 + 3
+        self.where_column.max_width = max(10, self.progress.console.width - numbers)
+        self.progress.console.print(f"[bold]{escape(title)}[/bold]", soft_wrap=True)
         self.progress.start()
         self.task = self.progress.add_task(title, total=total, completed=completed, where="")
 
@@ -174,18 +184,11 @@ def fitting_columns(rows: list[dict[str, str]], width: int) -> list[tuple[str, s
     return chosen
 
 
-def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
-    """The end-of-run table on stdout, then the matmul rate, row counts and files written. Paths
-    that ran nowhere here (all unsupported: CUDA paths on a CPU) are folded into one line."""
-    from attnbench.bench.summary import summary_rows
-
-    rows = summary_rows(run)
-    ran = [r for r in rows if not r["ok"].startswith("0/")]
-    never = [r for r in rows if r["ok"].startswith("0/")]
-    cells = [summary_cells(r) for r in ran]
-    columns = fitting_columns(cells, out.width) if cells else SUMMARY_COLUMNS[:1]
+def print_table(cells: list[dict[str, str]], wall_s: float) -> None:
+    """The summary table: as many columns as fit the terminal (:func:`fitting_columns`)."""
+    columns = fitting_columns(cells, out.width)
     table = Table(
-        title=f"speed summary ({run.wall_s:.0f} s; at each impl's largest n)",
+        title=f"speed summary ({wall_s:.0f} s; at each impl's largest n)",
         caption="x ref: time / reference in the same rounds; % mm: share of the measured matmul "
         "FLOP/s; exp: fitted slope of log time / log memory vs log n ('?': not a reliable "
         "trend, see time_note in complexity.csv)",
@@ -197,6 +200,20 @@ def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
     out.print(table)
     if len(columns) < len(SUMMARY_COLUMNS):
         out.print("[dim]more columns: a wider terminal, --format json, or results.csv[/dim]")
+
+
+def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
+    """The end-of-run table on stdout, then the matmul rate, row counts and files written. Paths
+    that ran nowhere here (all unsupported: CUDA paths on a CPU) are folded into one line."""
+    from attnbench.bench.summary import summary_rows
+
+    rows = summary_rows(run)
+    ran = [r for r in rows if not r["ok"].startswith("0/")]
+    never = [r for r in rows if r["ok"].startswith("0/")]
+    if ran:
+        print_table([summary_cells(r) for r in ran], run.wall_s)
+    else:  # no table: an empty one squeezed its title and caption into its one column
+        out.print(f"speed summary ({run.wall_s:.0f} s): no case was measured", highlight=False)
     if never:
         impls = {r["impl"] for r in never}
         reasons = sorted(
@@ -211,11 +228,12 @@ def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
             + escape(", ".join(r["impl"] for r in never))
         )
     for dtype, cal in run.calibration.items():
+        shape, note = matmul_shape(cal)
         out.print(
-            f"matmul {cal['matmul_size']}^3 {dtype}, timed in every group's rounds: "
+            f"matmul {shape} {dtype}, timed in every group's rounds: "
             f"{cal['flop_per_s_median'] / 1e9:.1f} GFLOP/s median "
             f"({cal['flop_per_s_min'] / 1e9:.1f}..{cal['flop_per_s_max'] / 1e9:.1f} over "
-            f"{cal['groups']} groups; the roofline's denominator)"
+            f"{cal['groups']} groups; the roofline's denominator{note})"
         )
     counts = ", ".join(f"{n} {s}" for s, n in run.counts.items())
     out.print(f"rows: {counts or 'none'}")
@@ -223,6 +241,16 @@ def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
     out.print(f"wrote {run.csv}, {run.complexity}, {run.sidecar}")
     if figures:
         out.print(f"figures: {figures[0].parent}/ ({', '.join(p.name for p in figures)})")
+
+
+def matmul_shape(cal: Mapping[str, Any]) -> tuple[str, str]:
+    """The matmul's shape (``512^3``; ``256^3/512^3`` when merged units kept different sizes)
+    and, when a call of the suite's size took too long here, a note saying so."""
+    sizes = cal["matmul_size"] if isinstance(cal["matmul_size"], list) else [cal["matmul_size"]]
+    most = cal.get("matmul_size_max")
+    smaller = most is not None and any(size != most for size in sizes)
+    note = f"; sized down from {most}^3 by timing.matmul_max_s" if smaller else ""
+    return "/".join(f"{size}^3" for size in sizes), note
 
 
 def warn_about(run: SpeedRun) -> None:
@@ -313,8 +341,9 @@ def draw_figures(run: SpeedRun) -> list[Path]:
     try:
         figures = plot_results(run.csv)
     except Exception as e:  # any failure: the measurements must survive a broken figure
+        why = str(e) if isinstance(e, AttnbenchError) else one_line(e)  # ours: already a sentence
         err.print(
-            f"[yellow]warning:[/yellow] figures not drawn ({escape(one_line(e))}); the results "
+            f"[yellow]warning:[/yellow] figures not drawn ({escape(why)}); the results "
             f"are in {run.csv}: attnbench plot {run.csv}"
         )
         return []

@@ -208,6 +208,7 @@ def _config(
     text: SuiteText, preset: str, description: str, variants: Mapping[str, MixerSpec]
 ) -> ExtrapConfig:
     file = read_section(text, text.data, PresetFile)
+    _check_variant_defs(text, file.variants)
     return ExtrapConfig(
         preset=preset,
         model=file.model,
@@ -217,6 +218,18 @@ def _config(
         variant_defs={**variants, **file.variants},
         description=file.description or description,
     )
+
+
+def _check_variant_defs(text: SuiteText, variants: Mapping[str, MixerSpec]) -> None:
+    """Every ``[variants.NAME]`` table of the file names a mechanism that can be trained, with
+    parameters it accepts, whether or not ``run.variants`` selects it: a preset with a broken
+    table is a broken file (before, one left unselected went by unnoticed until someone selected
+    it, maybe hours into a run)."""
+    for name, spec in variants.items():
+        try:
+            resolve_spec(spec, name)
+        except AttnbenchError as e:
+            raise text.error(("variants", name, "mechanism"), f"[variants.{name}] {e}") from None
 
 
 # --------------------------------------------------------------------------------------------

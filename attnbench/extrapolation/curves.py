@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.train import CurvePoint, TrainConfig, lr_at
-from attnbench.runtime.outputs import atomic_open
+from attnbench.runtime.outputs import atomic_open, save_figure
 
 COLUMNS = ("variant", "seed", "step", "loss", "lr", "tokens_per_s", "train_time_s",
            "heldout_loss")  # fmt: skip
@@ -169,7 +169,7 @@ def combine(curve_files: Iterable[Path], out: Path) -> Path | None:
     for path in curve_files:
         if not path.is_file():
             continue
-        with path.open(newline="", encoding="utf-8") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:
             reader = csv.reader(f)
             header = tuple(next(reader, ()))
             if header != COLUMNS[: len(header)] or not set(REQUIRED) <= set(header):
@@ -191,9 +191,10 @@ def combine(curve_files: Iterable[Path], out: Path) -> Path | None:
 
 
 def csv_header(path: Path) -> list[str]:
-    """The first row of a CSV ([] when it cannot be read as one)."""
+    """The first row of a CSV ([] when it cannot be read as one). Read as utf-8-sig: the
+    byte-order mark a spreadsheet saves in front is not part of the first column's name."""
     try:
-        with path.open(newline="", encoding="utf-8") as f:
+        with path.open(newline="", encoding="utf-8-sig") as f:
             return next(csv.reader(f), [])
     except (OSError, UnicodeDecodeError, csv.Error):
         return []
@@ -286,5 +287,5 @@ def _draw(df: Any, target: Path, title: str) -> None:
         axes[1][0].grid(True, alpha=0.3)
     axes[-1][0].set_xlabel("step")
     fig.tight_layout()
-    fig.savefig(target)
+    save_figure(fig, target)
     plt.close(fig)

@@ -17,7 +17,7 @@ import pandas as pd
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation import stats
-from attnbench.runtime.outputs import atomic_open
+from attnbench.runtime.outputs import atomic_open, save_figure
 
 #: Su 2021's table: MLM accuracy (%) of RoFormer small trained at n = 64.
 PUBLISHED: dict[str, dict[int, float]] = {
@@ -311,7 +311,7 @@ def figure(
         ax.legend(fontsize=7, loc="best")
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    save_figure(fig, path, dpi=130)
     plt.close(fig)
 
 

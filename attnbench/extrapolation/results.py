@@ -19,6 +19,7 @@ from attnbench.extrapolation.eval_tasks import PIECES
 from attnbench.extrapolation.evaluate import EvalStream
 from attnbench.extrapolation.plan import RunInputs, RunOptions, threads_per_process
 from attnbench.measure import machine
+from attnbench.runtime.outputs import write_text
 
 MASKING = (
     "each position replaced by the [MASK] id independently with probability {p} (training and "
@@ -39,10 +40,13 @@ CSV_NAME, SIDECAR_NAME, TABLE_NAME, FIGURE_NAME = (
 
 def write_results(cfg: ExtrapConfig, opts: RunOptions, inputs: RunInputs, rows: list[dict],
                   trainings: list[dict], curves_csv: Path | None, started: dt.datetime,
-                  device: torch.device) -> str:  # fmt: skip
+                  device: torch.device, *, load: dict[str, Any] | None = None,
+                  warnings: list[str] | None = None) -> str:  # fmt: skip
     """Write pieces.csv, table.md, the figure and the sidecar into ``opts.out``; returns the
     table (Markdown). ``trainings``: each training's summary; ``curves_csv``: the combined
-    training curves, if any; ``started``: when the run started (UTC)."""
+    training curves, if any; ``started``: when the run started (UTC); ``load``: the machine's
+    load the run saw (:meth:`attnbench.measure.machine.LoadWatch.stop`) and ``warnings``
+    what made the machine slow for it (the training times in the table depend on both)."""
     seeds, stream = inputs.seeds, inputs.stream
     report.write_pieces(rows, PIECES, opts.out / PIECES_NAME)
 
@@ -54,10 +58,11 @@ def write_results(cfg: ExtrapConfig, opts: RunOptions, inputs: RunInputs, rows: 
     )
     command = " ".join(["attnbench", *opts.argv[1:]]) if opts.argv else "attnbench"
     table_md = _table_markdown(cfg, rows, summary, lengths, title, command, stream)
-    (opts.out / TABLE_NAME).write_text(table_md)
+    write_text(opts.out / TABLE_NAME, table_md)
     report.figure(summary, lengths, cfg.model.train_len, opts.out / FIGURE_NAME, title)
     sidecar = _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command)
-    (opts.out / SIDECAR_NAME).write_text(json.dumps(sidecar, indent=1, default=str) + "\n")
+    sidecar.update(load=load, warnings=list(warnings or []))
+    write_text(opts.out / SIDECAR_NAME, json.dumps(sidecar, indent=1, default=str) + "\n")
     return table_md
 
 

@@ -53,7 +53,8 @@ from attnbench.extrapolation.trainings import (
     train_or_load,
 )
 from attnbench.measure import machine
-from attnbench.runtime.outputs import ensure_dir
+from attnbench.runtime import engines
+from attnbench.runtime.outputs import ensure_dir, remove_stale
 from attnbench.runtime.progress import Silent
 
 
@@ -92,9 +93,14 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     if dist is not None:
         device, local_processes = dist.device, dist.local_world_size
         opts.log(f"data-parallel training over {dist.world_size} torchrun processes on {device}")
+    _remove_stale(opts)
     threads = threads_per_process(cfg, local_processes)
-    if too_many := machine.oversubscribed(threads * local_processes):
-        opts.log(f"warning: {too_many}")
+    # the run keeps its threads busy on a CPU; on a GPU, one core per process feeds it
+    busy = threads * local_processes if device.type == "cpu" else local_processes
+    watch = machine.LoadWatch(busy).start()
+    warnings = _load_warnings(watch, threads * local_processes, busy)
+    for w in warnings:
+        opts.log(f"warning: {w}")
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -104,10 +110,35 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         rows, trainings, curves_csv = _train_and_evaluate(cfg, opts, plan, inputs, device)
     finally:
         torch.set_num_threads(old_threads)
+        load = watch.stop()
         if dist is not None:
             dist.shutdown()
-    table_md = write_results(cfg, opts, inputs, rows, trainings, curves_csv, started, device)
+    if load and (during := machine.busy_reason(load["others_during"], busy)):
+        warnings.append(f"during the run, {during}")
+        opts.log(f"warning: during the run, {during}")
+    table_md = write_results(cfg, opts, inputs, rows, trainings, curves_csv, started, device,
+                             load=load, warnings=warnings)  # fmt: skip
     return RunResult(rows, opts.out, table_md, inputs.notes)
+
+
+def _load_warnings(watch: machine.LoadWatch, threads: int, busy: int) -> list[str]:
+    """What makes this machine slow for the run, as it starts: more torch threads (all
+    processes together) than usable cores, other processes keeping the cores busy. Said at
+    the start and kept in the sidecar, as the speed suite does: the training times depend on
+    them."""
+    before = watch.before[0] if watch.before else None
+    found = (machine.oversubscribed(threads), machine.busy_reason(before, busy))
+    return [w for w in found if w]
+
+
+def _remove_stale(opts: RunOptions) -> None:
+    """The temporary files a killed run of this host left (a checkpoint or a curve written
+    halfway when its process was killed): removed before this run writes there."""
+    folders = (opts.out, opts.ckpt_dir, opts.ckpt_dir / curves.CURVES_DIR)
+    stale = [p for folder in folders for p in remove_stale(folder)]
+    if stale:
+        opts.log(f"removed {len(stale)} temporary file{'s' * (len(stale) > 1)} of a killed "
+                 f"run: {', '.join(str(p) for p in stale)}")  # fmt: skip
 
 
 def _checked(cfg: ExtrapConfig, opts: RunOptions) -> tuple[RunOptions, int]:
@@ -115,6 +146,8 @@ def _checked(cfg: ExtrapConfig, opts: RunOptions) -> tuple[RunOptions, int]:
     torchrun's ranks other than 0) and torchrun's world size (1 without torchrun). The config
     was checked when it was made (its sections are Checked dataclasses)."""
     opts.check()
+    if opts.executor == "ray" and not opts.eval_only:
+        engines.check_ray_address(opts.ray_address)  # nothing answers there: said now, not later
     world = distributed.torchrun_world_size()
     if world > 1:
         distributed.shares(cfg.train.batch, world)  # a batch too small to split: refused now

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.model import MASK_ID
-from attnbench.runtime.outputs import atomic_path
+from attnbench.runtime.outputs import atomic_open, write_failed
 from attnbench.runtime.progress import Progress, Silent
 from attnbench.runtime.schema import Checked, above, at_least, finite, inside, setting, within
 
@@ -226,10 +226,30 @@ def key_hash(key: Mapping[str, Any]) -> str:
 
 def atomic_save(obj: Any, path: Path) -> None:
     """Save whole or not at all: a temporary file, renamed when complete, removed on failure (a
-    full disk leaves the previous checkpoint and no ``.pt.tmp``)."""
+    full disk leaves the previous checkpoint and no temporary file, and says so in one line
+    naming the checkpoint: :class:`~attnbench.runtime.outputs.WriteFailed`). torch.save is
+    given the open file, not its name: writing to a name, a full disk is a RuntimeError from
+    its zip writer (``enforce fail at inline_container.cc``) that names neither file nor cause;
+    writing to a file, the OSError of the write comes first, and the RuntimeError of closing
+    the archive follows it (it is found there)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        torch.save(obj, tmp)
+    existed = path.exists()
+    try:
+        with atomic_open(path, "wb", what="checkpoint") as f:
+            torch.save(obj, f)
+    except RuntimeError as e:
+        cause = _os_error_behind(e)
+        if cause is None and "inline_container" not in str(e):
+            raise
+        failed = cause or OSError(None, "the write failed (a full disk?)")
+        raise write_failed(path, failed, "checkpoint", existed) from None
+
+
+def _os_error_behind(e: BaseException | None) -> OSError | None:
+    """The OSError a RuntimeError was raised while handling, if any (torch's zip writer)."""
+    while e is not None and not isinstance(e, OSError):
+        e = e.__context__
+    return e
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

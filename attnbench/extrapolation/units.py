@@ -76,19 +76,52 @@ def unit_list(entries: Sequence[tuple]) -> list[Unit]:
 def train_in_processes(jobs, workers: int, fn, args: tuple, log) -> list:
     """``fn(job, *args)`` for every job, ``workers`` at once, each in its own spawned process (a
     segfault or an exit fails only its own job); logs each result. Returns the jobs whose process
-    died. A job that raises makes this raise, after the others running have stopped (Ctrl-C
-    reaches them too: they checkpoint and stop; otherwise they are terminated)."""
-    died = []
-    with contextlib.closing(run_each_in_a_process(jobs, fn, args, at_once=workers)) as ends:
-        for job, (kind, value) in ends:
-            if kind == "ok":
-                log(value)
-            elif kind == "died":
-                log(f"{job.variant.label} seed {job.seed}: {_died(value)}")
-                died.append(job)
-            else:
-                raise value
+    died. A job that raises makes this raise (the others are killed).
+
+    Ctrl-C, or SIGTERM to this process alone, stops every running training as Ctrl-C stops one
+    run here: each writes its checkpoint and stops; the others' are logged and the last one is
+    raised (:class:`~attnbench.extrapolation.train.Interrupted`, as a training here raises it),
+    else KeyboardInterrupt."""
+    from attnbench.extrapolation.train import Interrupted
+
+    died, interrupted = [], []
+    ends = run_each_in_a_process(
+        jobs, fn, args, at_once=workers, stopped=lambda o: isinstance(o[1], Interrupted)
+    )
+    with contextlib.closing(ends):
+        try:
+            for job, (kind, value) in ends:
+                if kind == "ok":
+                    log(value)
+                elif kind == "died":
+                    log(f"{job.variant.label} seed {job.seed}: {_died(value)}")
+                    died.append(job)
+                elif isinstance(value, Interrupted):
+                    interrupted.append((job, value))
+                else:
+                    raise value
+        except KeyboardInterrupt:
+            if not interrupted:
+                raise
+            for job, e in interrupted[:-1]:
+                log(f"{job.variant.label} seed {job.seed}: {e}")
+            raise interrupted[-1][1] from None
     return sorted(died, key=jobs.index)
+
+
+def _stopped_trainings(jobs, since: float) -> list:
+    """(job, Interrupted) for each of ``jobs`` that Ctrl-C stopped after it wrote a checkpoint
+    during this run, where this process sees it (a Ray task writes its checkpoints where the
+    driver said: here, or on a file system the nodes share): what to continue with --resume."""
+    from attnbench.extrapolation.train import Interrupted, load_checkpoint
+
+    found = []
+    for job in jobs:
+        if job.path.exists() and job.path.stat().st_mtime >= since:
+            with contextlib.suppress(AttnbenchError):
+                step = load_checkpoint(job.path)["step"]
+                found.append((job, Interrupted(job.path, step, job.cfg.train.steps)))
+    return found
 
 
 def _died(exit_code: int | None) -> str:
@@ -148,20 +181,28 @@ def _train_tasks(ray, jobs, train_stream, threads, device, log) -> set[Path]:
         ),
     )
     done, failed, written = 0, [], set()
-    for end in ends:
-        job = end.job
-        name = f"{job.variant.label} seed {job.seed}"
-        if end.error is not None:
-            failed.append(f"{name} ({error_reason(end.error)})")
-            line = f"{name}: FAILED twice"
-        else:
-            line, ckpt_bytes, curve_bytes = end.result
-            write_bytes_once(job.path, ckpt_bytes)
-            write_bytes_once(curves.curve_path(job.path), curve_bytes)
-            written.add(job.path)
-            done += 1
-        log(f"[{done} done, {end.pending} running, {len(failed)} failed of {len(jobs)}] "
-            f"{line}")  # fmt: skip
+    try:
+        for end in ends:
+            job = end.job
+            name = f"{job.variant.label} seed {job.seed}"
+            if end.error is not None:
+                failed.append(f"{name} ({error_reason(end.error)})")
+                line = f"{name}: FAILED twice"
+            else:
+                line, ckpt_bytes, curve_bytes = end.result
+                write_bytes_once(job.path, ckpt_bytes)
+                write_bytes_once(curves.curve_path(job.path), curve_bytes)
+                written.add(job.path)
+                done += 1
+            log(f"[{done} done, {end.pending} running, {len(failed)} failed of {len(jobs)}] "
+                f"{line}")  # fmt: skip
+    except KeyboardInterrupt:
+        stopped = _stopped_trainings([j for j in jobs if j.path not in written], started)
+        if not stopped:
+            raise
+        for job, e in stopped[:-1]:
+            log(f"{job.variant.label} seed {job.seed}: {e}")
+        raise stopped[-1][1] from None
     if failed:
         raise AttnbenchError(
             f"{len(failed)} of {len(jobs)} trainings failed twice: {'; '.join(failed)}; the "

@@ -9,18 +9,20 @@ Forward + backward counts ``1 + BACKWARD_FACTOR`` times the forward; beside it, 
 flash-attention's convention (3.5x the forward) and, for block-sparse kernels (FlexAttention),
 the FLOPs their kernel executes, whole blocks counted, beside the exact pair count. The roofline
 denominator is not a spec sheet: a square matmul is timed on the same device, in the same dtype
-and thread count, interleaved with the cases it divides (:class:`MatmulAnchor`).
+and thread count, interleaved with the cases it divides (:class:`MatmulAnchor`), sized by time
+(:func:`sized_anchor`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from attnbench.core.spec import Mechanism, PathSpec, Shape
+from attnbench.measure.timing import Clock
 
 #: Backward = 2x forward: each forward matmul C = A B has two backward matmuls (dA = dC B^T,
 #: dB = A^T dC). attnbench counts the math, not one kernel's recomputation, so that every path of
@@ -87,6 +89,67 @@ class MatmulAnchor:
         self.size = size
         self.dtype = str(dtype).removeprefix("torch.")
         self.flops = 2 * size**3
+        self.call_s: float | None = None  # one call's time, when sized_anchor measured it
 
     def __call__(self) -> torch.Tensor:
         return self.a @ self.b
+
+
+#: The smallest roofline matmul :func:`sized_anchor` starts from.
+MIN_ANCHOR_SIZE = 64
+
+
+def anchor_sizes(max_size: int) -> list[int]:
+    """The sizes :func:`sized_anchor` may pick, smallest first: the powers of two from
+    MIN_ANCHOR_SIZE below ``max_size``, then ``max_size`` itself."""
+    sizes, size = [], MIN_ANCHOR_SIZE
+    while size < max_size:
+        sizes.append(size)
+        size *= 2
+    return [*sizes, max_size]
+
+
+def _call_s(anchor: MatmulAnchor, clock: Clock, max_call_s: float) -> float:
+    """Seconds one call takes: the better of two (the first may pay one-off costs: cuBLAS
+    start-up, the CPU thread pool), or the first alone when it is far over ``max_call_s``."""
+    first = clock.time_block(anchor, 1)
+    if first > 2 * max_call_s:
+        return first
+    return min(first, clock.time_block(anchor, 1))
+
+
+def sized_anchor(
+    device: torch.device,
+    dtype: torch.dtype,
+    max_size: int,
+    max_call_s: float,
+    clock: Clock,
+    note: Callable[[str], None] = lambda text: None,
+) -> MatmulAnchor:
+    """The largest anchor up to ``max_size`` (powers of two, then ``max_size``) whose call takes
+    at most ``max_call_s`` on this device in this dtype; the smallest when none does;
+    ``max_size`` untried when ``max_call_s`` <= 0.
+
+    Why by time, not a fixed shape: the anchor is timed in every round of every group, and a
+    dtype without fast kernels on a device makes a fixed shape absurd (2048^3 in float16 on a
+    CPU ran at 0.2-0.4 GFLOP/s: ~50 s a call, minutes for a 0.05 ms case). A bigger size is
+    tried only when the last one's time, scaled by (size ratio)^3, stays under the limit, so
+    the sizing costs about two calls of the size it keeps."""
+    if max_call_s <= 0:
+        return MatmulAnchor(device, dtype, max_size)
+    name = str(dtype).removeprefix("torch.")
+    note(f"sizing the {name} matmul (up to {max_size}^3, a call at most {max_call_s:g} s)")
+    sizes = anchor_sizes(max_size)
+    chosen = MatmulAnchor(device, dtype, sizes[0])
+    took = _call_s(chosen, clock, max_call_s)
+    for size in sizes[1:]:
+        if took * (size / chosen.size) ** 3 > max_call_s:
+            break
+        bigger = MatmulAnchor(device, dtype, size)
+        bigger_took = _call_s(bigger, clock, max_call_s)
+        if bigger_took > max_call_s:
+            note(f"{name} matmul {size}^3 took {bigger_took:.2g} s a call: keeping {chosen.size}")
+            break
+        chosen, took = bigger, bigger_took
+    chosen.call_s = took
+    return chosen

@@ -15,6 +15,7 @@ import platform
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,32 @@ def available_memory_bytes() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return memory_bytes()
+
+
+#: The share of the available memory a command may plan to fill (the rest: the OS, the other
+#: processes, the allocator's slack): what :func:`refuse_if_too_big` refuses beyond.
+MEMORY_SHARE = 0.8
+
+
+def refuse_if_too_big(
+    option: str, value: int, need: Callable[[int], float], what: str, instead: str = ""
+) -> None:
+    """Refuse ``option value``, before anything is allocated or written, when ``need(value)``
+    bytes (``need`` grows with the value) do not fit in MEMORY_SHARE of the available memory:
+    one line with the size, what is available and the largest value that fits. An allocation
+    that fails halfway is a traceback (``Cannot allocate memory``), or the machine swaps."""
+    available = available_memory_bytes()
+    if available is None or need(value) <= MEMORY_SHARE * available:
+        return
+    low, high = 0, value  # need(low) fits, need(high) does not
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if need(mid) <= MEMORY_SHARE * available else (low, mid)
+    raise AttnbenchError(
+        f"{option} {value}: {what}, about {need(value) / 2**30:.0f} GiB, and this machine has "
+        f"{available / 2**30:.1f} GiB available; accepted here: {option} up to about {low}"
+        f"{instead}"
+    )
 
 
 def usable_cores() -> int:
@@ -175,6 +202,7 @@ class LoadWatch:
             "cores": usable_cores(),
             "threads": self.threads,
             "before_1_5_15min": [round(x, 2) for x in self.before],
+            "after_1_5_15min": [round(x, 2) for x in after] if after is not None else None,
             "during_1min_median": round(median, 2) if median is not None else None,
             "during_1min_max": round(during[-1], 2) if during else None,
             "samples": len(during),

@@ -19,6 +19,7 @@ from rich.text import Text
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.spec import Mechanism
+from attnbench.runtime.outputs import save_figure
 
 #: Largest n drawn in the terminal (one character column per key; 2 per key when it fits).
 MAX_TERMINAL_N = 128
@@ -136,5 +137,5 @@ def save_png(view: PatternView, path: str | Path) -> Path:
     ax.set_ylabel("query i")
     ax.set_title("\n".join(textwrap.wrap(view.title, 80) + [view.summary]), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path)
+    save_figure(fig, path)
     return path

@@ -1,18 +1,56 @@
 """Writing results safely: folders that can be made (or a one-line reason why not), and files
 written whole or not at all (a temporary name, then a rename; the temporary file removed when the
-write fails, e.g. on a full disk)."""
+write fails, e.g. on a full disk).
+
+A write that fails raises :class:`WriteFailed`, which names the file: the OS names none when a
+disk fills up in the middle of a write (``[Errno 28] No space left on device`` alone). The
+temporary names are :func:`private_name`'s; those a killed process left behind are removed by
+:func:`remove_stale` (the next run does it).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
+import shutil
 import socket
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from attnbench.core.errors import AttnbenchError
+
+
+class WriteFailed(AttnbenchError, OSError):
+    """A file that could not be written, said in one line that names it (the CLI's error line,
+    exit code 2). Also an OSError (``errno``, ``strerror``, ``filename``), as the error it
+    replaces, so a caller catching OSError still catches it."""
+
+    def __init__(self, message: str, errno: int | None = None, strerror: str | None = None,
+                 filename: str | None = None) -> None:  # fmt: skip
+        OSError.__init__(self, errno, strerror, filename)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:  # crosses from a worker process intact
+        return (WriteFailed, (self.message, self.errno, self.strerror, self.filename))
+
+
+def write_failed(
+    path: Path | str, e: OSError, what: str = "", existed: bool = False
+) -> WriteFailed:
+    """``cannot write checkpoint runs/x/O-seed0.pt: No space left on device; the one there
+    before is kept``: ``e`` as one line naming ``path`` (a WriteFailed is returned as it is)."""
+    if isinstance(e, WriteFailed):
+        return e
+    reason = e.strerror or str(e) or type(e).__name__
+    kept = "; the one there before is kept" if existed else ""
+    message = f"cannot write {what + ' ' if what else ''}{path}: {reason}{kept}"
+    return WriteFailed(message, e.errno, e.strerror, str(path))
 
 
 def ensure_dir(path: Path | str, what: str = "output folder", create: bool = True) -> Path:
@@ -46,18 +84,22 @@ def private_name(name: str) -> str:
 
 
 @contextlib.contextmanager
-def atomic_open(path: Path | str, mode: str = "w", **kwargs) -> Iterator[IO]:
+def atomic_open(path: Path | str, mode: str = "w", *, what: str = "", **kwargs) -> Iterator[IO]:
     """Open a private temporary file beside ``path`` (:func:`private_name`) for writing and
     rename it to ``path`` when the block ends without an error; on an error (a full disk, Ctrl-C)
-    the temporary file is removed and ``path`` is left as it was."""
+    the temporary file is removed and ``path`` is left as it was. An OSError becomes a
+    :class:`WriteFailed` naming ``path`` (``what`` it is: "checkpoint", say)."""
     path = Path(path)
     tmp = path.with_name(private_name(path.name))
     try:
-        with open(tmp, mode, **kwargs) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, mode, **kwargs) as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            raise write_failed(path, e, what, path.exists()) from None
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -71,20 +113,39 @@ def write_text(path: Path | str, text: str) -> None:
 
 
 @contextlib.contextmanager
-def atomic_path(path: Path | str) -> Iterator[Path]:
+def atomic_path(path: Path | str, what: str = "") -> Iterator[Path]:
     """A private temporary name beside ``path``, for a writer that wants a file name rather than
-    an open file (``torch.save``): renamed to ``path`` when the block ends without an error; on
-    an error the temporary file is removed and ``path`` is left as it was. The writer owns the
-    file, so there is no fsync here (``atomic_open`` has one)."""
+    an open file (``savefig``): renamed to ``path`` when the block ends without an error; on
+    an error the temporary file is removed and ``path`` is left as it was, and an OSError
+    becomes a :class:`WriteFailed` naming ``path``. The writer owns the file, so there is no
+    fsync here (``atomic_open`` has one)."""
     path = Path(path)
     tmp = path.with_name(private_name(path.name))
     try:
-        yield tmp
-        os.replace(tmp, path)
+        try:
+            yield tmp
+            os.replace(tmp, path)
+        except OSError as e:
+            raise write_failed(path, e, what, path.exists()) from None
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
+
+
+def save_figure(fig: Any, path: Path | str, **kwargs: Any) -> None:
+    """``fig.savefig`` whole or not at all (a full disk leaves no truncated image); the format
+    is ``path``'s suffix, as savefig would take it from the final name."""
+    path = Path(path)
+    kwargs.setdefault("format", path.suffix.lstrip(".").lower() or "png")
+    with atomic_path(path, "figure") as tmp:
+        fig.savefig(tmp, **kwargs)
+
+
+def write_csv(frame: Any, path: Path | str, **kwargs: Any) -> None:
+    """``frame.to_csv(path, **kwargs)`` (a pandas DataFrame) whole or not at all."""
+    with atomic_open(path, "w", encoding="utf-8", newline="") as f:
+        frame.to_csv(f, **kwargs)
 
 
 def write_bytes_once(path: Path | str, data: bytes | None) -> None:
@@ -96,3 +157,41 @@ def write_bytes_once(path: Path | str, data: bytes | None) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_open(path, "wb") as f:
         f.write(data)
+
+
+def _stale_pattern(host: str) -> re.Pattern[str]:
+    """:func:`private_name`'s names made on ``host``: ``.NAME.HOST.PID.RANDOM.tmp``."""
+    return re.compile(rf"\..+\.{re.escape(host)}\.(\d+)\.[0-9a-f]{{8}}\.tmp")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_stale(folder: Path | str) -> list[Path]:
+    """Remove the temporary files and staging folders (:func:`private_name`) in ``folder``
+    that a process of this host left when it was killed (SIGKILL, a power cut, a killed
+    parent): those whose process no longer runs. Another host's, and a running process's, are
+    left alone (shards share folders). Returns what was removed."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    pattern, removed = _stale_pattern(socket.gethostname()), []
+    for entry in folder.iterdir():
+        found = pattern.fullmatch(entry.name)
+        if found is None or int(found.group(1)) == os.getpid() or _alive(int(found.group(1))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        if not entry.exists():
+            removed.append(entry)
+    return removed

@@ -7,14 +7,25 @@ code)``. The speed sweep keeps one worker for unit after unit (a fresh one after
 :func:`run_each_in_a_process` gives every job its own process, several at once (the trainings of
 an extrapolation run); :func:`map_in_workers` shares jobs out among a few long-lived workers and
 gives the results back in order (its evaluations). No torch here.
+
+A worker dies with the process that started it (``kill -9`` of the driver: no orphan runs on
+and later fails on the closed pipe); what a killed worker left half-written (a unit's staging
+folder, a temporary file) is removed by the next run (:func:`attnbench.runtime.outputs.
+remove_stale`). Ctrl-C, or SIGTERM sent to the driver alone, stops the workers the same way: each
+is sent SIGTERM (a training checkpoints and stops, as on Ctrl-C) and given time to end.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
+import os
 import pickle
 import signal
+import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from multiprocessing import connection
 from typing import Any
@@ -27,17 +38,26 @@ from attnbench.runtime.engines import died_reason
 Outcome = tuple[str, Any]
 
 
-def _serve(conn, fn: Callable[..., Any], args: tuple, ignore_sigint: bool, report: type) -> None:
-    """A worker process: run the jobs it is sent until it is sent None. An exception of type
-    ``report`` goes back to the driver; any other ends the process (a death the driver sees).
-    attnbench's log messages show on this process's standard error, as in the driver's."""
+#: prctl(2)'s option: the signal this process gets when the thread that started it ends.
+PR_SET_PDEATHSIG = 1
+#: How often a worker without prctl (not Linux) looks whether its driver still runs.
+WATCH_PARENT_S = 1.0
+
+
+def _serve(conn, fn: Callable[..., Any], args: tuple, ignore_sigint: bool, report: type,
+           parent: int) -> None:  # fmt: skip
+    """A worker process: run the jobs it is sent until it is sent None, or its driver (process
+    ``parent``) is gone. An exception of type ``report`` goes back to the driver; any other ends
+    the process (a death the driver sees). attnbench's log messages show on this process's
+    standard error, as in the driver's."""
+    die_with_parent(parent)
     logs.show_on_stderr()
     if ignore_sigint:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the driver decides what Ctrl-C stops
     while True:
         try:
             job = conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the driver closed the pipe, or died
             return
         if job is None:
             return
@@ -45,7 +65,30 @@ def _serve(conn, fn: Callable[..., Any], args: tuple, ignore_sigint: bool, repor
             reply: Outcome = ("ok", fn(job, *args))
         except report as e:
             reply = ("error", _picklable(e))
-        conn.send(reply)
+        try:
+            conn.send(reply)
+        except OSError:  # BrokenPipeError: the driver is gone, nobody to tell; end quietly
+            return
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process when process ``parent`` ends, however it ends (a ``kill -9`` runs no
+    cleanup there): on Linux the kernel sends SIGKILL (prctl PR_SET_PDEATHSIG); elsewhere a
+    thread looks every WATCH_PARENT_S. The kernel's signal comes when the *thread* that started
+    this process ends: workers are started from the driver's main thread."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL) == 0:
+                if os.getppid() != parent:  # it died before prctl took effect
+                    os._exit(1)
+                return
+    threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+
+
+def _watch_parent(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(WATCH_PARENT_S)
+    os._exit(1)
 
 
 def _picklable(e: BaseException) -> BaseException:
@@ -74,7 +117,7 @@ class WorkerProcess:
     ):
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
-        work = (child, fn, args, ignore_sigint, report)
+        work = (child, fn, args, ignore_sigint, report, os.getpid())
         self.proc = ctx.Process(target=_serve, args=work, daemon=True)
         self.proc.start()
         child.close()
@@ -104,6 +147,14 @@ class WorkerProcess:
             wait_for_any([self])
         return found
 
+    def interrupt(self) -> None:
+        """Ask the job to stop as Ctrl-C stops it, when only the driver got the signal (SIGTERM
+        to the driver, or Ctrl-C where the workers were not in the terminal's process group): a
+        training checkpoints and raises Interrupted; a worker with no handler for it ends."""
+        if self.proc.is_alive() and self.proc.pid is not None:
+            with contextlib.suppress(OSError):
+                os.kill(self.proc.pid, signal.SIGTERM)
+
     def stop(self, wait_s: float = 10.0, kill: bool = False) -> None:
         """Ask the worker to end (unless ``kill``), wait up to ``wait_s``, then kill it."""
         if self.proc.is_alive() and not kill:
@@ -128,11 +179,17 @@ def run_each_in_a_process(
     *,
     at_once: int = 1,
     stop_wait_s: float = 60.0,
+    stopped: Callable[[Outcome], bool] = lambda outcome: False,
 ) -> Iterator[tuple[Any, Outcome]]:
     """``fn(job, *args)`` for every job, ``at_once`` at a time, each in a fresh spawned process;
-    yields ``(job, outcome)`` as each ends. On Ctrl-C the workers (which got it too) are given
-    ``stop_wait_s`` to finish what they write, then killed; on any other exception, or when
-    the caller stops iterating, they are terminated at once."""
+    yields ``(job, outcome)`` as each ends.
+
+    Ctrl-C or SIGTERM in the driver (a KeyboardInterrupt here), or a job that ``stopped(outcome)``
+    says was stopped that way (a worker got the signal alone): no job is started any more, the
+    running workers are sent SIGTERM (the Ctrl-C they may have had too does the same) and given
+    ``stop_wait_s`` in all to finish what they write; the outcomes of those that end in time are
+    yielded (those that died of it are not), the rest killed, then KeyboardInterrupt is raised.
+    On any other exception, or when the caller stops iterating, they are killed at once."""
     queue, running = list(jobs), []
     try:
         while queue or running:
@@ -141,20 +198,40 @@ def run_each_in_a_process(
                 worker.send(queue.pop(0))
                 running.append(worker)
             wait_for_any(running)
-            for worker in list(running):
-                found = worker.outcome()
-                if found is None:
-                    continue
-                running.remove(worker)
-                worker.stop(wait_s=1.0)
+            for worker, found in _ended(running):
                 yield worker.job, found
+                if stopped(found):
+                    raise KeyboardInterrupt
     except KeyboardInterrupt:
-        for worker in running:  # they got the Ctrl-C too: let them write what they write
-            worker.proc.join(stop_wait_s)
+        yield from _stop_all(running, stop_wait_s)
         raise
     finally:
         for worker in running:
             worker.stop(wait_s=0.0, kill=True)
+
+
+def _ended(running: list[WorkerProcess]) -> Iterator[tuple[WorkerProcess, Outcome]]:
+    """The workers of ``running`` whose job has ended, with its outcome (each taken out of
+    ``running`` and stopped)."""
+    for worker in list(running):
+        found = worker.outcome()
+        if found is not None:
+            running.remove(worker)
+            worker.stop(wait_s=1.0)
+            yield worker, found
+
+
+def _stop_all(running: list[WorkerProcess], wait_s: float) -> Iterator[tuple[Any, Outcome]]:
+    """Stop the running workers as Ctrl-C does (SIGTERM to each) and yield the outcomes of those
+    that end within ``wait_s`` (not those the signal killed); a second Ctrl-C ends the wait."""
+    for worker in running:
+        worker.interrupt()
+    deadline = time.monotonic() + wait_s
+    while running and (left := deadline - time.monotonic()) > 0:
+        connection.wait([x for w in running for x in (w.conn, w.proc.sentinel)], timeout=left)
+        for worker, found in _ended(running):
+            if found[0] != "died":
+                yield worker.job, found
 
 
 def map_in_workers(

@@ -4,13 +4,15 @@ fresh worker process.
 :func:`tasks_with_one_retry` submits ``fn(*args_of(job, attempt))`` for every job, with the
 job's resources, and yields each job's final :class:`TaskEnd` as it ends. A task fails when it
 raises, when its process dies (Ray's ``WorkerCrashedError``), or when ``failed(result)`` names a
-reason; the retry runs with ``max_calls=1``, so it starts in a process of its own. Ctrl-C cancels
-what is still pending. Starting Ray and checking that a task fits a node:
+reason; the retry runs with ``max_calls=1``, so it starts in a process of its own. Ctrl-C (or
+SIGTERM, which the CLI turns into it) stops the tasks still running as Ctrl-C stops a job here: a
+training checkpoints and stops. Starting Ray and checking that a task fits a node:
 :mod:`attnbench.runtime.engines`. No torch here.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -45,9 +47,11 @@ def tasks_with_one_retry(
     *,
     failed: Callable[[Any], str | None] = lambda result: None,
     on_retry: Callable[[Any, str], None] = lambda job, reason: None,
+    stop_wait_s: float = 60.0,
 ) -> Iterator[TaskEnd]:
     """Run every job as a Ray task, retrying a failed one once in a fresh process; yield each
-    job's final outcome as it ends (in the order they end)."""
+    job's final outcome as it ends (in the order they end). On Ctrl-C the tasks are stopped
+    (:func:`stop_tasks`) and KeyboardInterrupt raised."""
     first = ray.remote(max_retries=0, **resources)(fn)
     again = ray.remote(max_retries=0, max_calls=1, **resources)(fn)
     pending = {first.remote(*args_of(job, 1)): (job, 1) for job in jobs}
@@ -68,6 +72,21 @@ def tasks_with_one_retry(
             end.pending = len(pending)
             yield end
     except KeyboardInterrupt:
-        for ref in pending:
-            ray.cancel(ref, force=True)
+        stop_tasks(ray, list(pending), stop_wait_s)
         raise
+
+
+def stop_tasks(ray, refs: list, wait_s: float) -> None:
+    """Stop ``refs``' tasks as Ctrl-C stops a job: Ray raises KeyboardInterrupt in each running
+    task (through its SIGINT handler: a training writes its checkpoint and stops) and drops the
+    pending ones; those still running after ``wait_s`` (or a second Ctrl-C) are killed."""
+    for ref in refs:
+        with contextlib.suppress(Exception):
+            ray.cancel(ref, force=False)
+    try:
+        if refs:
+            ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+    finally:
+        for ref in refs:
+            with contextlib.suppress(Exception):
+                ray.cancel(ref, force=True)

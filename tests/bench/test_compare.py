@@ -253,3 +253,19 @@ def test_cli_bad_csvs_exit_2_with_one_line(tmp_path, content, words):
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0]
     missing = runner.invoke(app, ["compare", str(tmp_path / "nope.csv"), str(good)])
     assert missing.exit_code == 2 and "no such file" in missing.stderr
+
+
+def test_matmuls_of_other_sizes_are_a_warning(tmp_path):
+    """Each run sizes its roofline matmul by time (timing.matmul_max_s): when the two runs kept
+    different sizes, the times in units of matmul work do not compare, and compare says so."""
+    rows = [reference_row(), row()]
+
+    def sidecar(size):
+        return {"calibration": {"float32": {"matmul_size": size}}, "git": {"sha": "b" * 40}}
+
+    b = write(tmp_path / "b.csv", rows, sidecar(2048))
+    c = write(tmp_path / "c.csv", rows, sidecar(1024))
+    (warning,) = [w for w in compare(c, b).warnings if "matmul" in w]
+    assert "baseline {'float32': 2048}, this run {'float32': 1024}" in warning
+    c = write(tmp_path / "c.csv", rows, sidecar(2048))
+    assert not [w for w in compare(c, b).warnings if "matmul" in w]

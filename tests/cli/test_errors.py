@@ -1,9 +1,12 @@
 """Bad input: one line saying what is wrong and what is accepted; ValueError from Python, exit 2
-and no traceback from the CLI."""
+and no traceback from the CLI. The CLI's cases are one table, run through the real executable
+(:data:`BAD_INVOCATIONS`)."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ from typer.testing import CliRunner
 
 from attnbench import registry
 from attnbench.api import attention, parse_impl
+from attnbench.bench.results import COLUMNS
 from attnbench.cli import app
 
 runner = CliRunner()
@@ -52,65 +56,101 @@ def test_python_errors(call, message):
     assert "\n" not in text
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["check", "softmx"], "unknown mechanism 'softmx'"),
-        (["check", "softmax-logn", "--param", "base=0.5"], "invalid base"),
-        (["check", "softmax-logn", "--param", "base"], "is not NAME=VALUE"),
-        (["check", "gqa", "--heads", "3"], "does not divide"),
-        (["check", "softmax", "--path", "fused"], "has no path 'fused'"),
-        (["check", "softmax", "--param", "tile=3"], "takes no parameters"),
-        (["list", "--family", "nope"], "unknown family"),
-        (["list", "--format", "xml"], "--format 'xml': accepted: table, json, csv"),
-        (["list", "-f", "xml"], "--format 'xml': accepted: table, json, csv"),
-        (["check", "softmax", "--dtype", "half"], "unknown dtype 'half'; accepted: float64"),
-        (["check", "softmax", "--device", "tpu"], "unknown device 'tpu'; accepted: cpu, cuda"),
-        (["run", "speed", "--device", "tpu"], "--device 'tpu': accepted: auto, cpu, cuda"),
-        (["plot", "r.csv", "--format", "jpg"], "--format 'jpg': accepted: png, svg"),
-        (["export", "r.csv", "--to", "gh"], "unknown --to target 'gh'"),
-        (["run", "speed", "--resume", "--overwrite"], "exclude each other"),
-        (["compare", "a.csv", "b.csv", "--mem-tolerance", "nan"], "a finite number >= 0"),
-        (["run", "extrapolate", "--lr", "inf", "--steps", "1"], "--lr inf: train.lr = inf is not"),
-        (["run", "extrapolate", "--lr", "nan", "--steps", "1"], "--lr nan: train.lr = nan is not"),
-        (["run", "extrapolate", "--set", "train.grad_clip=nan"], "grad_clip = nan is not"),
-    ],
-)
-def test_cli_errors(args, message, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # nothing may be written, and nothing is
-    result = runner.invoke(app, args)
-    assert result.exit_code == 2, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and message in lines[0], result.stderr
-    assert "Traceback" not in result.output
-    assert not any(tmp_path.iterdir()), list(tmp_path.iterdir())
+#: A preset whose one [variants.NAME] table names no mechanism: refused whether or not
+#: run.variants selects it (issue 35: unselected, the run went on and wrote its results).
+TYPO_PRESET = """
+[run]
+variants = ["O"]
+eval_time = []
+[variants.typo]
+mechanism = "softmaxx"
+"""
+
+
+def bom_results(text: str) -> str:
+    """A results CSV as a spreadsheet saves it, with a UTF-8 byte-order mark in front."""
+    return "\ufeff" + text
+
+
+#: Bad invocations of the real executable: (arguments, files written into the working folder
+#: first, a fragment of the one line on stderr). Each must exit 2 with that one line, no
+#: traceback, and leave the folder as it was: nothing written, nothing changed.
+BAD_INVOCATIONS: list[tuple[list[str], dict[str, str], str]] = [
+    (["check", "softmx"], {}, "unknown mechanism 'softmx'"),
+    (["check", "softmax-logn", "--param", "base=0.5"], {}, "invalid base"),
+    (["check", "softmax-logn", "--param", "base"], {}, "is not NAME=VALUE"),
+    (["check", "gqa", "--heads", "3"], {}, "does not divide"),
+    (["check", "softmax", "--path", "fused"], {}, "has no path 'fused'"),
+    (["check", "softmax", "--param", "tile=3"], {}, "takes no parameters"),
+    (["check", "softmax", "--n", "10000000"], {}, "--n 10000000: the dense float64 reference"),
+    (["list", "--family", "nope"], {}, "unknown family"),
+    (["list", "--format", "xml"], {}, "--format 'xml': accepted: table, json, csv"),
+    (["list", "-f", "xml"], {}, "--format 'xml': accepted: table, json, csv"),
+    (["check", "softmax", "--dtype", "half"], {}, "unknown dtype 'half'; accepted: float64"),
+    (["check", "softmax", "--device", "tpu"], {}, "unknown device 'tpu'; accepted: cpu, cuda"),
+    (["run", "speed", "--device", "tpu"], {}, "--device 'tpu': accepted: auto, cpu, cuda"),
+    (["plot", "r.csv", "--format", "jpg"], {}, "--format 'jpg': accepted: png, svg"),
+    (["export", "r.csv", "--to", "gh"], {}, "unknown --to target 'gh'"),
+    (["run", "speed", "--resume", "--overwrite"], {}, "exclude each other"),
+    (["compare", "a.csv", "b.csv", "--mem-tolerance", "nan"], {}, "a finite number >= 0"),
+    (["run", "extrapolate", "--lr", "inf", "--steps", "1"], {}, "--lr inf: train.lr = inf is not"),
+    (["run", "extrapolate", "--lr", "nan", "--steps", "1"], {}, "--lr nan: train.lr = nan is not"),
+    (["run", "extrapolate", "--set", "train.grad_clip=nan"], {}, "grad_clip = nan is not"),
+    ([], {}, "error: no command given; accepted: list, check, show, plot, compare, export"),
+    (["run"], {}, "error: no command given; accepted: speed, extrapolate, entropy"),
+    (["nosuch"], {}, "No such command 'nosuch'; accepted: list, check"),
+    (["run", "nosuch"], {}, "No such command 'nosuch'; accepted: speed, extrapolate, entropy"),
+    # Issue 35: a preset's variant naming an unknown mechanism, however small the run.
+    (
+        ["run", "extrapolate", "--preset", "typo.toml", "--steps", "1", "--eval-lengths", "64"],
+        {"typo.toml": TYPO_PRESET},
+        "typo.toml line 6: [variants.typo] unknown mechanism 'softmaxx' (did you mean 'softmax'",
+    ),
+    (
+        ["run", "extrapolate", "--preset", "typo.toml", "--list-units"],
+        {"typo.toml": TYPO_PRESET},
+        "; known: softmax, softmax-logn,",
+    ),
+    # Issue 35: a length whose arrays cannot fit, refused before anything is allocated.
+    (
+        ["run", "entropy", "--max-n", "1000000000000000"],
+        {},
+        "--max-n 1000000000000000: the random part holds 4 draws",
+    ),
+    (["run", "entropy", "--max-n", "1000000000000000"], {}, "accepted here: --max-n up to about"),
+    # Issue 35: a byte-order mark is not part of the first column's name: a BOM file with a
+    # genuinely wrong header is told what is wrong with it, and nothing about "\ufeffsuite".
+    (
+        ["compare", "bom.csv", "bom.csv"],
+        {"bom.csv": bom_results(",".join(c for c in COLUMNS if c != "reason") + "\n")},
+        "bom.csv: results schema differs from this attnbench (missing reason); re-run",
+    ),
+]
+
+
+def run_executable(args: list[str], cwd: Path, columns: int = 80) -> subprocess.CompletedProcess:
+    """``attnbench ARGS`` (``python -m attnbench``: what the installed script runs, main())
+    in ``cwd``, on a terminal ``columns`` wide as far as rich is concerned."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": str(columns)}
+    return subprocess.run(
+        [sys.executable, "-m", "attnbench", *args], cwd=cwd, capture_output=True, text=True,
+        env=env, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("args", "files", "message"), BAD_INVOCATIONS)
+def test_bad_invocations_of_the_executable(args, files, message, tmp_path):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*")}
+    done = run_executable(args, tmp_path)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and message in errors[0], done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*")} == before  # nothing written
 
 
 def test_cli_usage_error_exit_code():
     result = runner.invoke(app, ["list", "--format", "xml"])
     assert result.exit_code == 2
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        ([], "error: no command given; accepted: list, check, show, plot, compare, export"),
-        (["run"], "error: no command given; accepted: speed, extrapolate, entropy"),
-        (["nosuch"], "No such command 'nosuch'; accepted: list, check"),
-        (["run", "nosuch"], "No such command 'nosuch'; accepted: speed, extrapolate, entropy"),
-    ],
-)
-def test_the_executable_names_the_commands_a_group_accepts(args, message, tmp_path):
-    """Through the real executable (``main``): a group without a command, or with an unknown
-    one, ends in one line that lists its commands (click's own message is empty or names none)."""
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-m", "attnbench", *args], cwd=tmp_path, capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 2
-    errors = [line for line in done.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1 and message in errors[0], done.stderr
-    assert "Traceback" not in done.stderr and not any(tmp_path.iterdir())

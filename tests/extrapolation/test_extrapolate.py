@@ -621,6 +621,9 @@ def test_help_has_an_example():
         ('[model]\n\nlayers = "two"\n', 3, ["model.layers"]),
         ("[modle]\nlayers = 2\n", 1, ["unknown section [modle]"]),
         ('[variants.X]\npath = "efficient"\n', 1, ["needs mechanism"]),
+        # Issue 35: a table run.variants does not select is checked all the same.
+        ('[variants.X]\nmechanism = "softmaxx"\n', 2, ["[variants.X] unknown mechanism"]),
+        ('[variants.X]\nmechanism = "local"\nparams = { windw = 3 }\n', 2, ["'window'"]),
         ("[train]\nsteps = [1,\n", 2, ["malformed TOML"]),
     ],
 )

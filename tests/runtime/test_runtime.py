@@ -77,7 +77,8 @@ class FakeRay:
 
     def __init__(self):
         self.calls: list[tuple[dict, tuple]] = []
-        self.cancelled: list[object] = []
+        self.cancelled: list[tuple[object, bool]] = []
+        self.waited: list[float | None] = []
 
     def remote(self, **options):
         def wrap(fn):
@@ -95,7 +96,8 @@ class FakeRay:
 
         return wrap
 
-    def wait(self, refs, num_returns):
+    def wait(self, refs, num_returns, timeout=None):
+        self.waited.append(timeout)
         return refs[:num_returns], refs[num_returns:]
 
     def get(self, ref):
@@ -104,7 +106,7 @@ class FakeRay:
         return ref.value
 
     def cancel(self, ref, force):
-        self.cancelled.append(ref)
+        self.cancelled.append((ref, force))
 
 
 class WorkerCrashedError(Exception):
@@ -154,13 +156,18 @@ def test_a_failed_task_is_retried_once_in_a_fresh_process():
     assert len(again) == 3
 
 
-def test_ctrl_c_cancels_what_is_pending():
+def test_ctrl_c_stops_what_is_pending_as_ctrl_c_then_kills_it():
     ray = FakeRay()
-    ends = tasks_with_one_retry(ray, flaky, ["a", "b", "c"], lambda n, a: (n, a), {})
+    ends = tasks_with_one_retry(
+        ray, flaky, ["a", "b", "c"], lambda n, a: (n, a), {}, stop_wait_s=7.0
+    )
     assert next(ends).pending == 2
     with pytest.raises(KeyboardInterrupt):
         ends.throw(KeyboardInterrupt)
-    assert len(ray.cancelled) == 2
+    # first as Ctrl-C (a KeyboardInterrupt in the task: a training checkpoints), waited for,
+    # then killed
+    assert [force for _, force in ray.cancelled] == [False, False, True, True]
+    assert ray.waited[-1] == 7.0
 
 
 def test_error_reason_is_one_line():

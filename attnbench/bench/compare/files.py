@@ -131,7 +131,24 @@ def _settings_warnings(sides: Sequence[Mapping[str, Any] | None]) -> list[str]:
                 f"the {what} differs from the baseline's: refresh the baseline if the grid "
                 "or its settings changed on purpose"
             )
+    cur, base = (_matmul_sizes(side) for side in sides)
+    if any(cur.get(dtype) != size for dtype, size in base.items() if dtype in cur):
+        out.append(
+            f"the roofline's matmul differs from the baseline's (sized by timing.matmul_max_s; "
+            f"baseline {base}, this run {cur}): times in units of matmul work, the reference's "
+            "own included, do not compare"
+        )
     return out
+
+
+def _matmul_sizes(side: Mapping[str, Any]) -> dict[str, Any]:
+    """dtype -> the matmul size(s) a run's sidecar records (a run sizes its matmul by time)."""
+    calibration = side.get("calibration") or {}
+    return {
+        str(dtype).removeprefix("torch."): cal.get("matmul_size")
+        for dtype, cal in calibration.items()
+        if isinstance(cal, Mapping)
+    }
 
 
 def _other_machine(cur_df: pd.DataFrame, base_df: pd.DataFrame) -> str | None:
