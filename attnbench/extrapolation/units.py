@@ -85,19 +85,29 @@ def train_in_processes(jobs, workers: int, fn, args: tuple, log) -> list:
     from attnbench.extrapolation.train import Interrupted
 
     died, interrupted = [], []
-    ends = run_each_in_a_process(
-        jobs, fn, args, at_once=workers, stopped=lambda o: isinstance(o[1], Interrupted)
-    )
+    stopping = False  # a worker was stopped by the signal: the others are stopping too
+
+    def by_the_signal(outcome) -> bool:  # a worker's own Ctrl-C before its training began
+        return isinstance(outcome[1], (Interrupted, KeyboardInterrupt))
+
+    ends = run_each_in_a_process(jobs, fn, args, at_once=workers, stopped=by_the_signal)
     with contextlib.closing(ends):
         try:
             for job, (kind, value) in ends:
+                name = f"{job.variant.label} seed {job.seed}"
                 if kind == "ok":
                     log(value)
                 elif kind == "died":
-                    log(f"{job.variant.label} seed {job.seed}: {_died(value)}")
+                    log(f"{name}: {_died(value)}")
                     died.append(job)
                 elif isinstance(value, Interrupted):
                     interrupted.append((job, value))
+                    stopping = True
+                elif isinstance(value, KeyboardInterrupt):
+                    log(f"{name}: stopped before its first checkpoint")
+                    stopping = True
+                elif stopping:  # raising now would kill the workers still saving
+                    log(f"{name}: failed while the run stopped ({value})")
                 else:
                     raise value
         except KeyboardInterrupt:

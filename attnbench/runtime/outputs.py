@@ -79,8 +79,14 @@ def ensure_dir(path: Path | str, what: str = "output folder", create: bool = Tru
 
 def private_name(name: str) -> str:
     """``.NAME.HOST.PID.RANDOM.tmp``: a temporary name no other process, on this node or
-    another one sharing the folder, can pick (shards of one run write into one folder)."""
-    return f".{name}.{socket.gethostname()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    another one sharing the folder, can pick (shards of one run write into one folder). HOST has
+    its dots as underscores, so that one host's names never match another's whose name ends
+    like it (``n1.hpc.org`` and ``hpc.org``: see :func:`remove_stale`)."""
+    return f".{name}.{_host()}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+
+
+def _host() -> str:
+    return socket.gethostname().replace(".", "_")
 
 
 @contextlib.contextmanager
@@ -165,6 +171,10 @@ def _stale_pattern(host: str) -> re.Pattern[str]:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs. Containers that share a host name but not a
+    PID namespace see each other's processes as dead: give them distinct host names."""
+    if os.name == "nt":  # os.kill(pid, 0) would terminate it there: never call one stale
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -182,7 +192,7 @@ def remove_stale(folder: Path | str) -> list[Path]:
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    pattern, removed = _stale_pattern(socket.gethostname()), []
+    pattern, removed = _stale_pattern(_host()), []
     for entry in folder.iterdir():
         found = pattern.fullmatch(entry.name)
         if found is None or int(found.group(1)) == os.getpid() or _alive(int(found.group(1))):

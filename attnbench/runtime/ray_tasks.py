@@ -72,21 +72,35 @@ def tasks_with_one_retry(
             end.pending = len(pending)
             yield end
     except KeyboardInterrupt:
-        stop_tasks(ray, list(pending), stop_wait_s)
+        refs = list(pending)
+        finished = stop_tasks(ray, refs, stop_wait_s)
+        # A task that completed its job while the others stopped: its result is kept (the
+        # driver writes it, as it would have), not thrown away with the interrupted ones.
+        for ref in finished:
+            job, attempt = pending.pop(ref)
+            try:
+                result = ray.get(ref)
+            except Exception:  # cancelled, or stopped by the interrupt: nothing to keep
+                continue
+            yield TaskEnd(job, attempt, result=result, pending=len(pending))
         raise
 
 
-def stop_tasks(ray, refs: list, wait_s: float) -> None:
+def stop_tasks(ray, refs: list, wait_s: float) -> list:
     """Stop ``refs``' tasks as Ctrl-C stops a job: Ray raises KeyboardInterrupt in each running
     task (through its SIGINT handler: a training writes its checkpoint and stops) and drops the
-    pending ones; those still running after ``wait_s`` (or a second Ctrl-C) are killed."""
+    pending ones; those still running after ``wait_s`` (or a second Ctrl-C) are killed. Returns
+    the refs that ended within the wait (their results may be whole)."""
     for ref in refs:
         with contextlib.suppress(Exception):
             ray.cancel(ref, force=False)
+    ended: list = []
     try:
         if refs:
-            ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+            ended, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
     finally:
         for ref in refs:
-            with contextlib.suppress(Exception):
-                ray.cancel(ref, force=True)
+            if ref not in ended:
+                with contextlib.suppress(Exception):
+                    ray.cancel(ref, force=True)
+    return list(ended)

@@ -156,8 +156,23 @@ def test_a_failed_task_is_retried_once_in_a_fresh_process():
     assert len(again) == 3
 
 
+class StoppingRay(FakeRay):
+    """While stopping (a wait with a timeout), only the tasks of ``finishing`` end in time."""
+
+    def __init__(self, finishing):
+        super().__init__()
+        self.finishing = finishing
+
+    def wait(self, refs, num_returns, timeout=None):
+        if timeout is None:
+            return super().wait(refs, num_returns)
+        self.waited.append(timeout)
+        ended = [r for r in refs if r.kind == "value" and r.value["name"] in self.finishing]
+        return ended, [r for r in refs if r not in ended]
+
+
 def test_ctrl_c_stops_what_is_pending_as_ctrl_c_then_kills_it():
-    ray = FakeRay()
+    ray = StoppingRay(finishing=())
     ends = tasks_with_one_retry(
         ray, flaky, ["a", "b", "c"], lambda n, a: (n, a), {}, stop_wait_s=7.0
     )
@@ -168,6 +183,21 @@ def test_ctrl_c_stops_what_is_pending_as_ctrl_c_then_kills_it():
     # then killed
     assert [force for _, force in ray.cancelled] == [False, False, True, True]
     assert ray.waited[-1] == 7.0
+
+
+def test_a_task_that_finishes_while_the_others_stop_is_kept():
+    ray = StoppingRay(finishing=("c",))
+    ends = tasks_with_one_retry(ray, flaky, ["a", "b", "c"], lambda n, a: (n, a), {})
+    assert next(ends).job == "a"
+    kept = ends.throw(KeyboardInterrupt)  # its result comes out before the interrupt goes on
+    assert kept.job == "c" and kept.result["status"] == "ok"
+    with pytest.raises(KeyboardInterrupt):
+        next(ends)
+    assert [(ref.value["name"], force) for ref, force in ray.cancelled] == [
+        ("b", False),
+        ("c", False),
+        ("b", True),
+    ]  # only the one still running is killed
 
 
 def test_error_reason_is_one_line():

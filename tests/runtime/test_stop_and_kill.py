@@ -98,13 +98,14 @@ def test_a_worker_whose_driver_is_gone_ends_quietly(capfd):
 def test_remove_stale_takes_only_what_dead_processes_of_this_host_left(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    host = socket.gethostname()
+    host = socket.gethostname().replace(".", "_")  # private_name's form of it
     left = {
         "dead_dir": f".unit-a.{host}.{dead.pid}.0123abcd.tmp",
         "dead_file": f".results.csv.{host}.{dead.pid}.89abcdef.tmp",
         "alive": f".unit-b.{host}.{os.getppid()}.0123abcd.tmp",
         "mine": private_name("unit-c"),
         "other_host": f".unit-d.{host}x.{dead.pid}.0123abcd.tmp",
+        "longer_host": f".unit-e.n1_{host}.{dead.pid}.0123abcd.tmp",  # n1.HOST is another host
         "unit": "cpu-float32-d32-bidir-softmax",
     }
     for key, name in left.items():
@@ -221,3 +222,18 @@ def test_joining_a_port_that_answers_but_is_no_ray_head_has_a_time_limit():
         server.close()
     assert time.monotonic() - started < 15
     assert not ray.is_initialized()
+
+
+def test_a_worker_stopped_before_training_does_not_cut_the_others_saves(tmp_path):
+    """One worker's own Ctrl-C (before its training began) stops the run as Ctrl-C does: the
+    other workers are asked to stop and their checkpoints are written, not killed half-way."""
+    from attnbench.extrapolation.train import Interrupted
+    from attnbench.extrapolation.units import train_in_processes
+    from tests.helpers.stopping_jobs import Job, Variant, ctrl_c_or_save
+
+    jobs = [Job(Variant("O"), seed, tmp_path / f"O-seed{seed}.pt") for seed in (0, 1)]
+    lines: list[str] = []
+    with pytest.raises(Interrupted) as stopped:
+        train_in_processes(jobs, 2, ctrl_c_or_save, (), lines.append)
+    assert stopped.value.path == jobs[1].saved and jobs[1].saved.read_text() == "checkpoint"
+    assert any("O seed 0: stopped before its first checkpoint" in line for line in lines)
