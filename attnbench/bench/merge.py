@@ -41,6 +41,7 @@ from attnbench.bench.units import (
 )
 from attnbench.core.errors import AttnbenchError
 from attnbench.runtime.outputs import write_csv, write_text
+from attnbench.runtime.portable import portable
 
 EXTRAPOLATE_HINT = (
     "extrapolation runs are not merged: their shards share one --checkpoints folder, and "
@@ -143,7 +144,7 @@ def merge_runs(folders: Sequence[Path], out: Path, *, allow_mixed: bool = False,
     sidecar.setdefault("files", {}).update(
         rows=CSV_NAME, complexity=COMPLEXITY_NAME, samples=SAMPLES_NAME
     )
-    write_json_atomic(out / SIDECAR_NAME, sidecar)
+    write_json_atomic(out / SIDECAR_NAME, portable(sidecar, out))  # no machine's paths
     return SpeedRun(
         out_dir=out,
         csv=out / CSV_NAME,

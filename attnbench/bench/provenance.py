@@ -27,6 +27,7 @@ from attnbench.measure import machine
 from attnbench.measure.flops import BACKWARD_FACTOR, MatmulAnchor
 from attnbench.measure.timing import NOISY_SPREAD, Clock
 from attnbench.runtime.outputs import write_text
+from attnbench.runtime.portable import portable
 
 SCHEMA_VERSION = 1
 
@@ -116,6 +117,8 @@ def _statuses(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def write_json(path: FilePath, data: Mapping[str, Any]) -> None:
+    """A sidecar, its paths made portable (:func:`attnbench.runtime.portable.portable`)."""
+    data = portable(data, FilePath(path).parent)
     write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 
 

@@ -44,6 +44,7 @@ from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
 from attnbench.extrapolation.train import load_checkpoint
 from attnbench.measure import machine
 from attnbench.runtime.outputs import ensure_dir, save_figure, write_csv, write_text
+from attnbench.runtime.portable import portable
 
 SEED_C = 0.24  # Su 2021's Laplace-approximation constant
 E_BASE = 512.0
@@ -468,6 +469,7 @@ def run_entropy(cfg: ExtrapConfig, opts: EntropyOptions) -> EntropyResult:
         "git": machine.git_state(),
         "notes": notes,
     }
+    sidecar = portable(sidecar, opts.out)  # no path of this machine in a result file
     write_text(opts.out / "entropy.json", json.dumps(sidecar, indent=1) + "\n")
     text = _text(fit, slopes, notes)
     return EntropyResult(rows, fit, slopes, text, opts.out, notes)

@@ -20,6 +20,7 @@ from attnbench.extrapolation.evaluate import EvalStream
 from attnbench.extrapolation.plan import RunInputs, RunOptions, threads_per_process
 from attnbench.measure import machine
 from attnbench.runtime.outputs import write_text
+from attnbench.runtime.portable import portable
 
 MASKING = (
     "each position replaced by the [MASK] id independently with probability {p} (training and "
@@ -57,11 +58,13 @@ def write_results(cfg: ExtrapConfig, opts: RunOptions, inputs: RunInputs, rows: 
         f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}"
     )
     command = " ".join(["attnbench", *opts.argv[1:]]) if opts.argv else "attnbench"
+    command = portable(command, opts.out)  # no path of this machine in a result file
     table_md = _table_markdown(cfg, rows, summary, lengths, title, command, stream)
     write_text(opts.out / TABLE_NAME, table_md)
     report.figure(summary, lengths, cfg.model.train_len, opts.out / FIGURE_NAME, title)
     sidecar = _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command)
     sidecar.update(load=load, warnings=list(warnings or []))
+    sidecar = portable(sidecar, opts.out)
     write_text(opts.out / SIDECAR_NAME, json.dumps(sidecar, indent=1, default=str) + "\n")
     return table_md
 
