@@ -91,6 +91,16 @@ MIN_STATE_TILE = 32
 
 
 @triton.jit
+def _decayed_causal(scores, gap, LOG2G, h, DECAY: tl.constexpr):
+    """``scores`` [t, s] kept where gap = t - s >= 0, times gamma_h^gap when DECAY; 0 elsewhere
+    (the masked, decayed dense part inside a tile)."""
+    if DECAY:
+        log2g = tl.load(LOG2G + h)
+        return tl.where(gap >= 0, scores * tl.exp2(tl.maximum(gap, 0).to(tl.float32) * log2g), 0.0)
+    return tl.where(gap >= 0, scores, 0.0)
+
+
+@triton.jit
 def _chunk_states(
     X, Y, S, LOG2G,
     sxb, sxh, sxt, syb, syh, syt,
@@ -209,10 +219,7 @@ def _chunk_out(
         )  # (BT, BD)
         a = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BT, BT): q_t . k_s
         gap = offs_c[:, None] - offs_c[None, :]  # t - s
-        if DECAY:
-            a = tl.where(gap >= 0, a * tl.exp2(tl.maximum(gap, 0).to(tl.float32) * log2g), 0.0)
-        else:
-            a = tl.where(gap >= 0, a, 0.0)
+        a = _decayed_causal(a, gap, LOG2G, h, DECAY)
         v = tl.load(
             V + b64 * svb + h64 * svh + offs_t[:, None] * svt + offs_v[None, :],
             mask=v_mask,
@@ -268,10 +275,7 @@ def _chunk_dv(
         )  # (BT, BD)
         at = tl.dot(k, tl.trans(q), input_precision=PRECISION)  # (BT, BT): [s, t] = q_t . k_s
         gap = offs_c[None, :] - offs_c[:, None]  # t - s
-        if DECAY:
-            at = tl.where(gap >= 0, at * tl.exp2(tl.maximum(gap, 0).to(tl.float32) * log2g), 0.0)
-        else:
-            at = tl.where(gap >= 0, at, 0.0)
+        at = _decayed_causal(at, gap, LOG2G, h, DECAY)
         do = tl.load(
             DO + b64 * sdob + h64 * sdoh + offs_t[:, None] * sdot + offs_v[None, :],
             mask=v_mask,
@@ -341,10 +345,7 @@ def _chunk_dqk(
         dq = dq * tl.exp2((offs_c + 1).to(tl.float32) * log2g)[:, None]  # gamma^(j + 1)
     if INTRA:
         gap = offs_c[:, None] - offs_c[None, :]  # t - s
-        if DECAY:
-            dsc = tl.where(gap >= 0, dsc * tl.exp2(tl.maximum(gap, 0).to(tl.float32) * log2g), 0.0)
-        else:
-            dsc = tl.where(gap >= 0, dsc, 0.0)
+        dsc = _decayed_causal(dsc, gap, LOG2G, h, DECAY)
         k = tl.load(
             K + b64 * skb + h64 * skh + offs_t[:, None] * skt + offs_d[None, :],
             mask=qk_mask,
