@@ -163,13 +163,13 @@ def _query_split(
 
 
 @triton.jit
-def _fwd_step(
-    acc, q, k_base, v_base, skt, svt, offs_m, start_n, T, D, DV, chunk, pre,
+def _key_tile_scores(
+    q, k_base, v_base, skt, svt, offs_m, start_n, T, D, DV, chunk,
     CAUSAL: tl.constexpr, HAS_CHUNK: tl.constexpr, MASKED: tl.constexpr,
     MASK_D: tl.constexpr, MASK_DV: tl.constexpr,
     BLOCK_N: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
-    """acc += (relu(q k^T)^2 * pre [masked]) v for the key tile at start_n."""
+    """(k, v, relu(q k^T) [masked]) of the key tile at start_n, for a query tile's step."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     k = _load_tile(k_base, offs_n, skt, tl.arange(0, BD), T, D, MASKED, MASK_D)  # (BLOCK_N, BD)
     v = _load_tile(v_base, offs_n, svt, tl.arange(0, BDV), T, DV, MASKED, MASK_DV)  # (BLOCK_N, BDV)
@@ -177,6 +177,21 @@ def _fwd_step(
     r = tl.maximum(s, 0.0)
     if MASKED:
         r = tl.where(_keep(offs_m[:, None], offs_n[None, :], T, chunk, CAUSAL, HAS_CHUNK), r, 0.0)
+    return k, v, r
+
+
+@triton.jit
+def _fwd_step(
+    acc, q, k_base, v_base, skt, svt, offs_m, start_n, T, D, DV, chunk, pre,
+    CAUSAL: tl.constexpr, HAS_CHUNK: tl.constexpr, MASKED: tl.constexpr,
+    MASK_D: tl.constexpr, MASK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """acc += (relu(q k^T)^2 * pre [masked]) v for the key tile at start_n."""
+    k, v, r = _key_tile_scores(
+        q, k_base, v_base, skt, svt, offs_m, start_n, T, D, DV, chunk,
+        CAUSAL, HAS_CHUNK, MASKED, MASK_D, MASK_DV, BLOCK_N, BD, BDV, PRECISION,
+    )  # fmt: skip
     p = r * r * pre
     return acc + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)  # (BLOCK_M, BDV)
 
@@ -320,13 +335,10 @@ def _dq_step(
     BLOCK_N: tl.constexpr, BD: tl.constexpr, BDV: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     """dq += ds k for the key tile at start_n (scores once, whole Dv)."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    k = _load_tile(k_base, offs_n, skt, tl.arange(0, BD), T, D, MASKED, MASK_D)  # (BLOCK_N, BD)
-    v = _load_tile(v_base, offs_n, svt, tl.arange(0, BDV), T, DV, MASKED, MASK_DV)  # (BLOCK_N, BDV)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
-    r = tl.maximum(s, 0.0)
-    if MASKED:
-        r = tl.where(_keep(offs_m[:, None], offs_n[None, :], T, chunk, CAUSAL, HAS_CHUNK), r, 0.0)
+    k, v, r = _key_tile_scores(
+        q, k_base, v_base, skt, svt, offs_m, start_n, T, D, DV, chunk,
+        CAUSAL, HAS_CHUNK, MASKED, MASK_D, MASK_DV, BLOCK_N, BD, BDV, PRECISION,
+    )  # fmt: skip
     dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N)
     ds = 2.0 * r * dp * row[:, None]
     return dq + tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)  # (BLOCK_M, BD)
