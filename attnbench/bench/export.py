@@ -98,6 +98,19 @@ def _memory(row: Row) -> float | None:
     return _number(row, column)
 
 
+def _flop_rate(name: str, unit: str, column: str) -> Metric:
+    """A FLOP/s metric: the row's FLOP count in ``column`` over its median time (bounds: over
+    its p80 and p20 times)."""
+    return Metric(
+        name,
+        unit,
+        True,
+        name,
+        lambda r: _per_second(r, _number(r, column), "time_median_ms"),
+        lambda r: _rate_bounds(r, _number(r, column)),
+    )
+
+
 METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
@@ -127,30 +140,9 @@ METRICS: dict[str, Metric] = {
             lambda r: _number(r, "roofline"),
             lambda r: None,
         ),
-        Metric(
-            "flop-rate",
-            "FLOP/s",
-            True,
-            "flop-rate",
-            lambda r: _per_second(r, _number(r, "flops"), "time_median_ms"),
-            lambda r: _rate_bounds(r, _number(r, "flops")),
-        ),
-        Metric(
-            "flop-rate-fa",
-            "FLOP/s (fwd+bwd = 3.5x fwd)",
-            True,
-            "flop-rate-fa",
-            lambda r: _per_second(r, _number(r, "flops_fa"), "time_median_ms"),
-            lambda r: _rate_bounds(r, _number(r, "flops_fa")),
-        ),
-        Metric(
-            "flop-rate-executed",
-            "executed FLOP/s (whole blocks)",
-            True,
-            "flop-rate-executed",
-            lambda r: _per_second(r, _number(r, "flops_executed"), "time_median_ms"),
-            lambda r: _rate_bounds(r, _number(r, "flops_executed")),
-        ),
+        _flop_rate("flop-rate", "FLOP/s", "flops"),
+        _flop_rate("flop-rate-fa", "FLOP/s (fwd+bwd = 3.5x fwd)", "flops_fa"),
+        _flop_rate("flop-rate-executed", "executed FLOP/s (whole blocks)", "flops_executed"),
         Metric(
             "ref-ratio",
             "x reference time",
