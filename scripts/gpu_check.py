@@ -96,17 +96,10 @@ def run(ctx: Context, name: str, cmd: list[str], budget_s: float | None = None) 
         f.write(f"$ {shlex.join(cmd)}\n")
         f.flush()
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env_vars(), cwd=ROOT)
-        try:
-            return proc.wait(timeout=budget)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        code = wait_until(proc, time.monotonic() + budget)
+        if code == 124:
             f.write(f"\n[gpu_check] stopped after {budget:.0f} s (budget)\n")
-            return 124
+        return code
 
 
 # --------------------------------------------------------------------------------------------
