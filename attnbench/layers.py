@@ -6,11 +6,15 @@ factory in its record; every other one gets the generic :class:`AttentionMixer`:
 projections, optional rotary embedding on q and k, the mechanism's operator, output projection.
 
 A layer factory takes ``(mechanism, d_model, heads, *, causal, path, params, rope, max_len)``
-and returns an ``nn.Module`` whose ``forward(x)`` maps ``[B, T, C]`` to ``[B, T, C]``.
+and returns an ``nn.Module`` whose ``forward(x)`` maps ``[B, T, C]`` to ``[B, T, C]``. A layer
+that can apply its rotary embedding at explicit positions (the randomized positions of training,
+Ruoss et al. 2023) also takes ``forward(x, positions=None)``, None meaning 0..T-1, and says so
+through :func:`takes_positions`; :class:`AttentionMixer` does.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,7 +26,7 @@ from attnbench.core.building_blocks import DeviceCheck, Rotary
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.spec import Mechanism, PathSpec, Shape
 
-__all__ = ["AttentionMixer", "Rotary", "make_layer"]
+__all__ = ["AttentionMixer", "Rotary", "make_layer", "takes_positions"]
 
 
 class AttentionMixer(nn.Module):
@@ -75,17 +79,24 @@ class AttentionMixer(nn.Module):
                     f"{self.mech.name} needs its own layer factory: extra input {spec.name!r} "
                     "is not a fixed-size learned parameter"
                 )
-            self.extras[spec.name] = nn.Parameter(torch.randn(dims) * spec.init_std)
+            start = spec.init(dims, max_len) if spec.init else torch.randn(dims) * spec.init_std
+            self.extras[spec.name] = nn.Parameter(start)
         self.device_check = DeviceCheck(self.mech, self.path)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """x [B, T, C] -> [B, T, C]; ``positions`` [B, T] or [T]: the rotary positions of q and k
+        (None: 0..T-1)."""
         B, T, _ = x.shape
         self.device_check(x)
         q = self.wq(x).view(B, T, self.heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(B, T, self.kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.wv(x).view(B, T, self.kv_heads, self.value_dim).transpose(1, 2)  # (B, Hkv, T, Dv)
         if self.rope is not None:
-            q, k = self.rope(q), self.rope(k)
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        elif positions is not None:
+            raise AttnbenchError(
+                f"{self.mech.name} layer: positions given, but no rotary embedding"
+            )
         o = self.path(q, k, v, causal=self.causal, **self.params, **dict(self.extras))
         return self.wo(o.transpose(1, 2).reshape(B, T, self.heads * self.value_dim))
 
@@ -107,3 +118,12 @@ def make_layer(
     return factory(
         mech, d_model, heads, causal=causal, path=path, params=params, rope=rope, max_len=max_len
     )
+
+
+def takes_positions(layer: nn.Module) -> bool:
+    """Whether ``layer`` applies a rotary embedding at explicit positions: it has one (its
+    ``rope``) and its ``forward`` takes ``positions``. A layer without rotary embedding, or whose
+    factory does not pass positions on, cannot train with randomized positions."""
+    if getattr(layer, "rope", None) is None:
+        return False
+    return "positions" in inspect.signature(layer.forward).parameters

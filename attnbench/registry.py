@@ -20,6 +20,7 @@ from attnbench.variants import (
     logn_softmax,
     retention,
     softmax,
+    ssmax,
 )
 from attnbench.variants.sparse import (
     atrous,
@@ -34,6 +35,7 @@ from attnbench.variants.sparse import (
 MECHANISMS: tuple[Mechanism, ...] = (
     softmax.MECHANISM,
     logn_softmax.MECHANISM,
+    ssmax.MECHANISM,
     flash_tiled.MECHANISM,
     grouped.MQA,
     grouped.GQA,

@@ -1,7 +1,7 @@
 """The package's shape: its parts form layers, each importing only its own part and the layers
 below it, and there is no import cycle.
 
-    cli -> bench | extrapolation -> api | layers | render -> registry -> variants
+    cli -> costreport -> bench | extrapolation -> api | layers | render -> registry -> variants
         -> kernels | libraries -> measure | runtime -> core
 
 Parts on one layer do not import each other (the two experiments share only what is below them).
@@ -25,6 +25,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("registry",),  # what exists
     ("api", "layers", "render"),  # the public surface; drawing patterns
     ("bench", "extrapolation"),  # the two experiments
+    ("costreport",),  # the one place that joins them: accuracy against cost
     ("cli",),  # the command line
 )
 #: Top-level modules above everything (``python -m attnbench``, the package docstring).

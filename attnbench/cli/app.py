@@ -9,7 +9,17 @@ from typing import Annotated
 import typer
 
 from attnbench import __version__
-from attnbench.cli import check_cmd, compare, export, gate, list_cmd, merge_cmd, plot, show
+from attnbench.cli import (
+    check_cmd,
+    compare,
+    export,
+    gate,
+    list_cmd,
+    merge_cmd,
+    plot,
+    report_cmd,
+    show,
+)
 from attnbench.cli.common import INTERRUPTED, USAGE_ERROR, Group, command_help
 from attnbench.cli.run import run_app
 from attnbench.runtime import logs
@@ -52,6 +62,7 @@ for _name, _fn in (
     ("export", export.export_cmd),
     ("merge", merge_cmd.merge_cmd),
     ("gate", gate.gate_cmd),
+    ("report", report_cmd.report_cmd),
 ):
     app.command(_name, **command_help(_fn))(_fn)
 

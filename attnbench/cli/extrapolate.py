@@ -88,6 +88,13 @@ TrainOnlyOption = Annotated[
     ),
 ]
 OverwriteOption = Annotated[bool, typer.Option(help="Retrain even if checkpoints exist.")]
+KeepWeightsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Also keep these variants' trained weights in float16 in OUT/weights "
+        "(comma-separated, e.g. O): small enough to commit, loadable with --eval-only."
+    ),
+]
 DModelOption = Annotated[int | None, typer.Option(help="Model width.")]
 LayersOption = Annotated[int | None, typer.Option(help="Blocks.")]
 HeadsOption = Annotated[int | None, typer.Option(help="Attention heads.")]
@@ -199,6 +206,7 @@ def extrapolate(
     eval_only: EvalOnlyOption = False,
     train_only: TrainOnlyOption = False,
     overwrite: OverwriteOption = False,
+    keep_weights: KeepWeightsOption = None,
     d_model: DModelOption = None,
     layers: LayersOption = None,
     heads: HeadsOption = None,
@@ -291,6 +299,7 @@ def _run_options(cfg: ExtrapConfig, params: Mapping[str, Any]) -> RunOptions:
         eval_only=params["eval_only"],
         train_only=params["train_only"] or shard is not None,
         overwrite=params["overwrite"],
+        keep_weights=[v.strip() for v in (params["keep_weights"] or "").split(",") if v.strip()],
         impls=list(params["impl"] or []),
         impl_params=parse_params(params["param"]),
         log=lambda msg: err.print(msg, markup=False, highlight=False),

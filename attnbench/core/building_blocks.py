@@ -55,8 +55,22 @@ class Rotary(nn.Module):
             self._cache[key] = (ang.cos().to(device, dtype), ang.sin().to(device, dtype))
         return self._cache[key]
 
-    def forward(self, x: Tensor) -> Tensor:
-        cos, sin = self._cos_sin(x.shape[-2], x.device, x.dtype)  # (T, D/2)
+    def _cos_sin_at(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos and sin at explicit positions [T] -> [T, D/2], or [B, T] -> [B, 1, T, D/2] (one
+        row per window, the same for every head); not cached (they change every step)."""
+        flat = self.angles(positions.reshape(-1))  # (B*T, D/2) float64
+        ang = flat.view(*positions.shape, self.dim // 2)  # (T, D/2) or (B, T, D/2)
+        if positions.dim() == 2:
+            ang = ang[:, None]  # (B, 1, T, D/2): broadcast over the heads
+        return ang.cos().to(dtype), ang.sin().to(dtype)
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        """x [B, H, T, D] rotated at positions 0..T-1 (None), or at ``positions`` [T] or [B, T]
+        (integer or float, on x's device): the randomized positions of Ruoss et al. 2023."""
+        if positions is None:
+            cos, sin = self._cos_sin(x.shape[-2], x.device, x.dtype)  # (T, D/2)
+        else:
+            cos, sin = self._cos_sin_at(positions, x.dtype)  # (T, D/2) or (B, 1, T, D/2)
         x1, x2 = x[..., : self.dim // 2], x[..., self.dim // 2 :]
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
 

@@ -47,6 +47,10 @@ CHIANG_CHOLAK_2022 = Source(
     "Overcoming a Theoretical Limitation of Self-Attention (ACL 2022)", 2022,
     "https://arxiv.org/abs/2202.12172", "the natural-log scaling log(n)/sqrt(d)",
 )  # fmt: skip
+NAKANISHI_2025 = Source(
+    "Nakanishi 2025", "Ken M. Nakanishi", "Scalable-Softmax Is Superior for Attention", 2025,
+    "https://arxiv.org/abs/2501.19399", "SSMax: softmax(s log(n) z), s learned per head",
+)  # fmt: skip
 DAO_2022 = Source(
     "Dao et al. 2022", "Tri Dao, Daniel Y. Fu, Stefano Ermon, Atri Rudra, Christopher Ré",
     "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness", 2022,

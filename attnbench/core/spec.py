@@ -157,6 +157,9 @@ class ExtraInput:
     ``role="input"``: an activation computed from x, like q (a layer must compute it itself).
     ``shape`` maps the call's :class:`Shape` and resolved params to the tensor's shape; ``when``
     says whether the input is used with these params at all (factorised vs full bias).
+    ``init`` gives a layer's starting value, ``init(dims, max_len)``, where it is not random
+    (SSMax's scale starts at 1/log(max_len)); None: N(0, init_std^2). Test inputs always draw
+    N(0, init_std^2).
     """
 
     name: str
@@ -165,6 +168,7 @@ class ExtraInput:
     role: Literal["parameter", "input"] = "parameter"
     init_std: float = 1.0
     when: Callable[[Mapping[str, Any]], bool] = lambda params: True
+    init: Callable[[tuple[int, ...], int], torch.Tensor] | None = None
 
 
 # --------------------------------------------------------------------------------------------

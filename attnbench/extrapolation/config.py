@@ -23,15 +23,27 @@ from typing import Any
 
 from attnbench import registry
 from attnbench.core.errors import AttnbenchError, unknown
+from attnbench.extrapolation.longrange import COPY_LENGTH, DISTANCES
 from attnbench.extrapolation.model import MixerSpec, ModelConfig
 from attnbench.extrapolation.train import TrainConfig
-from attnbench.extrapolation.tricks import Tricks, parse_tricks
+from attnbench.extrapolation.tricks import Tricks, parse_tricks, settings_problem
 from attnbench.runtime import tomlconfig
-from attnbench.runtime.schema import Checked, Rule, at_least, inside, read_section, setting
+from attnbench.runtime.schema import (
+    Checked,
+    Invalid,
+    Rule,
+    above,
+    at_least,
+    finite,
+    inside,
+    read_section,
+    setting,
+)
 from attnbench.runtime.tomlconfig import Setting, SuiteText
 
 DEFAULT_EVAL_TIME = (
-    "logn", "temperature", "yarn", "local", "chunk", "ntk", "pi", "rerope", "rerope+logn"
+    "logn", "temperature", "yarn", "yarn-dim", "local", "chunk", "ntk", "pi", "rerope",
+    "rerope+logn", "leaky+logn", "hwfa",
 )  # fmt: skip
 
 
@@ -62,8 +74,70 @@ class EvalConfig(Checked):
         0, 'eval-time "local": keys within +-local_window; 0 means L/2', valid=at_least(0)
     )
     rerope_window: int = setting(
-        0, 'eval-time "rerope": relative positions clipped at +-w; 0 means L/2', valid=at_least(0)
+        0,
+        'eval-time "rerope" and "leaky": relative positions clipped (compressed) beyond +-w; '
+        "0 means L/2",
+        valid=at_least(0),
     )
+    yarn_alpha: float = setting(
+        1.0,
+        'eval-time "yarn" (the paper\'s ramp): pairs making fewer than alpha turns over L are '
+        "interpolated fully",
+        valid=finite(at_least(0)),
+    )
+    yarn_beta: float = setting(
+        32.0,
+        'eval-time "yarn" (the paper\'s ramp): pairs making more than beta turns over L are kept',
+        valid=finite(above(0)),
+    )
+    yarn_beta_fast: float = setting(
+        32.0,
+        'eval-time "yarn-dim" (the code\'s ramp): pairs below the one making beta_fast turns '
+        "over L are kept",
+        valid=finite(above(0)),
+    )
+    yarn_beta_slow: float = setting(
+        1.0,
+        'eval-time "yarn-dim" (the code\'s ramp): pairs from the one making beta_slow turns '
+        "over L on are interpolated fully",
+        valid=finite(above(0)),
+    )
+    leaky_k: float = setting(
+        0.0,
+        'eval-time "leaky": distances beyond +-rerope_window compressed by 1/k; 0 chooses k per '
+        "n so that the farthest key maps to L - 1",
+        valid=finite(Rule(lambda k: k == 0 or k >= 1, "0 or >= 1")),
+    )
+    mask_prob: float = setting(
+        0.0,
+        "masking probability of the evaluation span; 0: the training's (train.mask_prob). The "
+        "published experiment evaluates at 0.15 whatever the training masked",
+        valid=Rule(lambda p: 0 <= p < 1, "0 (the training's) or a number in (0, 1)"),
+    )
+    long_range: bool = setting(
+        False,
+        "also evaluate every row on the long-range span (a verbatim copy of each window's own "
+        "earlier bytes at distance d; attnbench.extrapolation.longrange): longrange.csv / .md",
+    )
+    copy_length: int = setting(
+        COPY_LENGTH, "long-range span: bytes copied per window (at most n - d)", valid=at_least(1)
+    )
+    copy_distances: tuple[int, ...] = setting(
+        DISTANCES,
+        "long-range span: distances d (each length n scores those with d + 16 <= n)",
+        valid=at_least(1),
+        non_empty=True,
+    )
+
+    def __post_init__(self) -> None:
+        """The trick settings that bound each other (YaRN's ramps: beta above alpha)."""
+        super().__post_init__()
+        problem = settings_problem(
+            self.yarn_alpha, self.yarn_beta, self.yarn_beta_fast, self.yarn_beta_slow,
+            self.leaky_k,
+        )  # fmt: skip
+        if problem is not None:
+            raise Invalid(*problem)
 
     def piece(self) -> int:
         """Tokens per piece of the evaluation span: ``chunk`` (at most ``tokens``), raised to
@@ -154,6 +228,11 @@ class ExtrapConfig(Checked):
     run: RunConfig = setting(RunConfig)
     variant_defs: Mapping[str, MixerSpec] = setting(dict(VARIANTS))
     description: str = ""
+
+    @property
+    def eval_mask_prob(self) -> float:
+        """The evaluation span's masking probability (``eval.mask_prob``, or the training's)."""
+        return self.eval.mask_prob or self.train.mask_prob
 
     def plain(self) -> dict[str, Any]:
         return {
@@ -356,10 +435,18 @@ def resolve_variants(
 
 def resolve_eval_time(cfg: ExtrapConfig, trained: list[TrainedVariant]) -> tuple[list, list[str]]:
     """Eval-time rows (applied to the trained O model); a note when O is not trained."""
-    local, rerope = cfg.eval.local_window or None, cfg.eval.rerope_window or None
+    ev = cfg.eval
+    local, rerope = ev.local_window or None, ev.rerope_window or None
+    settings = {
+        "yarn_alpha": ev.yarn_alpha,
+        "yarn_beta": ev.yarn_beta,
+        "yarn_beta_fast": ev.yarn_beta_fast,
+        "yarn_beta_slow": ev.yarn_beta_slow,
+        "leaky_k": ev.leaky_k,
+    }
     rows = []
     for text in cfg.run.eval_time:
-        tricks = parse_tricks(text, cfg.model.train_len, local, rerope)
+        tricks = parse_tricks(text, cfg.model.train_len, local, rerope, **settings)
         rows.append(EvalTimeVariant("O+" + tricks.label, "O", tricks))
     base = next((v for v in trained if v.label == "O"), None)
     if rows and base is None:

@@ -11,8 +11,13 @@ scale), and picks lambda = log_512(n) / sqrt(d) (Attention-E) so that H stops gr
     and t the cosine between q and a uniform k (:func:`theory_offset`, integrated here), which is
     flatter at the lambda*d of O and E at these n (slope ~0.06-0.15 for 3.6-10.7 at d = 64): the
     fitted c is compared with that expression's slope over the same range, and a second sweep at
-    n = max_n with lambda*d in SEED_RANGE (where the expression's slope is ~0.21-0.30) fits c in
-    Su 2021's regime.
+    n = max_n with lambda*d in SCALE_SWEEP (up to where the expression's slope reaches ~0.24 and
+    beyond) fits c in Su 2021's regime. The expression is an n -> infinity limit (sums over the
+    n keys replaced by expectations): at finite n it holds only while enough keys land near q,
+    where the softmax mass sits. The fit therefore uses only the sweep's lambda*d up to
+    :func:`approximation_bound` at that n, where a Monte Carlo of the mean finite-n entropy stays
+    within FINITE_N_TOLERANCE nats of the expression (about 19 at n = 4096, d = 64); the points
+    beyond stay in entropy.csv (``in_fit`` False) and the figure, outside the fit.
 (b) Inside the trained models of ``attnbench run extrapolate`` (every finished checkpoint found
     whose attention rows are distributions: O, E, ...): the mean row entropy per layer on
     held-out windows of n tokens.
@@ -48,8 +53,17 @@ from attnbench.runtime.portable import portable
 
 SEED_C = 0.24  # Su 2021's Laplace-approximation constant
 E_BASE = 512.0
-#: lambda * d of the second random sweep: the range where Su 2021's expression has slope ~0.24.
-SEED_RANGE = (16.0, 24.0, 32.0, 48.0, 64.0)
+#: lambda * d of the second random sweep (n = max_n): dense up to ~24, where Su 2021's expression's
+#: slope climbs to ~0.24 (0.21 at 16, 0.24 at 20, 0.27 at 24), then on to 64 to show where the
+#: expression's n -> infinity approximation fails at that n.
+SCALE_SWEEP = (8.0, 10.0, 12.0, 14.0, 16.0, 18.0, 20.0, 22.0, 24.0, 32.0, 48.0, 64.0)
+#: Nats by which the mean entropy of rows of n random keys may depart from Su 2021's n -> infinity
+#: expression for a lambda*d to count as inside the expression's domain at that n.
+FINITE_N_TOLERANCE = 0.05
+#: Cosines drawn per lambda*d by the Monte Carlo of the finite-n entropy (rows x n; at n = 4096,
+#: 1024 rows: a standard error of about 0.01 nats where the departure nears the tolerance).
+FINITE_N_DRAWS = 2**22
+FINITE_N_MIN_ROWS = 64
 
 
 def theory_offset(lambda_d: float, d: int, points: int = 200_001) -> float:
@@ -71,6 +85,66 @@ def theory_slope(low: float, high: float, d: int) -> float:
     if high <= low:
         return float("nan")
     return -(theory_offset(high, d) - theory_offset(low, d)) / (high - low)
+
+
+def theory_fit_c(lambda_ds: np.ndarray, d: int) -> float:
+    """The c of the least-squares line H - log n = -c * lambda d + b through Su 2021's expression
+    at the given lambda*d: what the fit of :func:`fit_scale_sweep` gives on rows that follow the
+    expression exactly (the secant :func:`theory_slope` only uses the two ends)."""
+    x = np.asarray(lambda_ds, dtype=float)
+    c, _, _ = _fit(x, np.array([theory_offset(float(v), d) for v in x]))
+    return c
+
+
+def sphere_cosines(rows: int, n: int, d: int, rng: np.random.Generator) -> np.ndarray:
+    """[rows, n] cosines between a fixed direction and keys uniform on the sphere in d dimensions:
+    (t + 1) / 2 follows Beta((d - 1) / 2, (d - 1) / 2) (the density (1 - t^2)^((d - 3) / 2))."""
+    return 2.0 * rng.beta((d - 1) / 2, (d - 1) / 2, size=(rows, n)) - 1.0
+
+
+def mean_row_offset(cosines: np.ndarray, lambda_d: float) -> float:
+    """Mean over rows of H - log n for rows softmax(lambda_d * t) of the cosines [rows, n]: the
+    entropy written as log sum e^a - sum a e^a / sum e^a (a = lambda_d t, shifted by its max)."""
+    a = lambda_d * cosines
+    a -= a.max(axis=1, keepdims=True)
+    w = np.exp(a)
+    total = w.sum(axis=1)
+    entropy = np.log(total) - (a * w).sum(axis=1) / total
+    return float(entropy.mean() - math.log(cosines.shape[1]))
+
+
+def finite_n_cosines(n: int, d: int, seed: int = 0) -> np.ndarray:
+    """The Monte Carlo's draws at length n: FINITE_N_DRAWS cosines (at least FINITE_N_MIN_ROWS
+    rows of n), float64."""
+    rows = max(FINITE_N_MIN_ROWS, FINITE_N_DRAWS // n)
+    return sphere_cosines(rows, n, d, np.random.default_rng(seed))
+
+
+def finite_n_departure(cosines: np.ndarray, lambda_d: float, d: int) -> float:
+    """Mean finite-n H - log n (Monte Carlo over the rows of ``cosines``) minus Su 2021's
+    n -> infinity expression at the same lambda*d: > 0 where too few of the n keys land near q,
+    where the softmax mass sits, for the sums over keys to equal their expectations."""
+    return mean_row_offset(cosines, lambda_d) - theory_offset(lambda_d, d)
+
+
+def approximation_bound(
+    n: int, d: int, high: float, tolerance: float = FINITE_N_TOLERANCE, seed: int = 0
+) -> float:
+    """Largest lambda*d in [0, high] at which the mean entropy of rows of n random keys stays
+    within ``tolerance`` nats of Su 2021's n -> infinity expression (``high`` when it does over
+    the whole range). Bisection to 0.05 on the departure, which grows with lambda*d at fixed n;
+    the same draws at every lambda*d, so the departure is a smooth function of lambda*d."""
+    cosines = finite_n_cosines(n, d, seed)
+    if abs(finite_n_departure(cosines, high, d)) <= tolerance:
+        return float(high)
+    low = 0.0
+    while high - low > 0.05:
+        mid = (low + high) / 2
+        if abs(finite_n_departure(cosines, mid, d)) <= tolerance:
+            low = mid
+        else:
+            high = mid
+    return low
 
 
 @dataclass
@@ -182,15 +256,16 @@ def random_rows(opts: EntropyOptions) -> list[dict[str, Any]]:
     return rows
 
 
-def scale_rows(opts: EntropyOptions) -> list[dict[str, Any]]:
+def scale_rows(opts: EntropyOptions, bound: float) -> list[dict[str, Any]]:
     """(a'): mean row entropy of softmax(lambda q.k) for random q, k at n = max_n, lambda*d in
-    SEED_RANGE (Su 2021's regime)."""
+    SCALE_SWEEP; ``in_fit`` says whether lambda*d is within ``bound``, the domain of Su 2021's
+    n -> infinity expression at that n (:func:`approximation_bound`)."""
     gen = torch.Generator().manual_seed(opts.seed + 1)
     n = opts.max_n
     qs = [sphere(opts.queries, opts.dim, gen) for _ in range(opts.trials)]
     ks = [sphere(n, opts.dim, gen) for _ in range(opts.trials)]
     rows = []
-    for lambda_d in SEED_RANGE:
+    for lambda_d in SCALE_SWEEP:
         lam = lambda_d / opts.dim
         h = torch.cat([row_entropy(torch.softmax(lam * q @ k.T, dim=-1))
                        for q, k in zip(qs, ks, strict=True)])  # fmt: skip
@@ -206,6 +281,7 @@ def scale_rows(opts: EntropyOptions) -> list[dict[str, Any]]:
                 "entropy": h.mean().item(),
                 "entropy_std": h.std().item(),
                 "rows": h.numel(),
+                "in_fit": lambda_d <= bound,
             }
         )
     return rows
@@ -218,22 +294,57 @@ def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
     return float(c), float(b), float(np.sqrt(np.mean((y - A @ np.array([c, b])) ** 2)))
 
 
-def fit_scale_sweep(rows: list[dict[str, Any]], dim: int) -> dict[str, Any] | None:
-    """c fitted over the SEED_RANGE sweep, beside Su 2021's expression over the same range."""
+def fit_scale_sweep(rows: list[dict[str, Any]], dim: int, bound: float) -> dict[str, Any] | None:
+    """c fitted over the SCALE_SWEEP points with lambda*d <= ``bound`` (where Su 2021's
+    n -> infinity expression holds at this n), beside the expression's own c at the same points;
+    the points beyond are left out of the fit and listed. None without a sweep."""
     df = pd.DataFrame([r for r in rows if r["source"] == "random-scale"])
-    if len(df) < 2:
+    if df.empty:
         return None
-    x = df["lambda_d"].to_numpy(dtype=float)
-    c, b, rms = _fit(x, (df["entropy"] - df["log_n"]).to_numpy())
-    return {
-        "n": int(df["n"].iloc[0]),
-        "lambda_d_range": [float(x.min()), float(x.max())],
-        "c": c,
-        "b": b,
-        "rms_residual": rms,
-        "theory_c": theory_slope(float(x.min()), float(x.max()), dim),
+    n = int(df["n"].iloc[0])
+    sweep = df["lambda_d"].to_numpy(dtype=float)
+    inside = df[df["lambda_d"] <= bound]
+    x = inside["lambda_d"].to_numpy(dtype=float)
+    out: dict[str, Any] = {
+        "n": n,
+        "bound": bound,
+        "tolerance": FINITE_N_TOLERANCE,
+        "sweep_range": [float(sweep.min()), float(sweep.max())],
+        "lambda_d_range": [float(x.min()), float(x.max())] if len(x) else [],
+        "points": len(x),
+        "outside_fit": [float(v) for v in sweep if v > bound],
+        "theory_c_sweep": theory_fit_c(sweep, dim),
         "seed_c": SEED_C,
+        "caveat": finite_n_caveat(df, dim, bound),
     }
+    if len(x) < 2:
+        out.update(c=float("nan"), b=float("nan"), rms_residual=float("nan"))
+        out["theory_c"] = float("nan")
+        return out
+    c, b, rms = _fit(x, (inside["entropy"] - inside["log_n"]).to_numpy())
+    out.update(c=c, b=b, rms_residual=rms, theory_c=theory_fit_c(x, dim))
+    return out
+
+
+def finite_n_caveat(sweep: pd.DataFrame, dim: int, bound: float) -> str:
+    """One line: where Su 2021's n -> infinity expression stops describing rows of n keys, with
+    the sweep's largest lambda*d measured against it."""
+    n = int(sweep["n"].iloc[0])
+    last = sweep.loc[sweep["lambda_d"].idxmax()]
+    x = float(last["lambda_d"])
+    measured, theory = float(last["entropy"] - last["log_n"]), theory_offset(x, dim)
+    if bound >= x:
+        return (
+            f"at n = {n} the expression's n -> infinity approximation holds up to lambda*d = "
+            f"{x:g} (within {FINITE_N_TOLERANCE} nats)"
+        )
+    return (
+        f"beyond lambda*d ~ {bound:.1f} at n = {n} the expression's n -> infinity approximation "
+        f"fails: the mean entropy of n random keys departs from it by more than "
+        f"{FINITE_N_TOLERANCE} nats, as too few keys land near q, where the softmax mass sits "
+        f"(at lambda*d = {x:g}: H - log n = {measured:.2f} measured, {theory:.2f} from the "
+        "expression); those points are kept in entropy.csv and the figure, outside the fit"
+    )
 
 
 def fit_models(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -391,7 +502,9 @@ def variant_colour(variant: str) -> str:
     return VARIANT_COLOURS.get(variant, "tab:grey")
 
 
-def figure(rows: list[dict[str, Any]], path: Path, dim: int) -> None:
+def figure(
+    rows: list[dict[str, Any]], path: Path, dim: int, regime: dict[str, Any] | None = None
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -399,7 +512,9 @@ def figure(rows: list[dict[str, Any]], path: Path, dim: int) -> None:
 
     df = pd.DataFrame(rows)
     has_model = (df["source"] == "model").any()
-    fig, axes = plt.subplots(1, 2 if has_model else 1, figsize=(12 if has_model else 7, 4.8))
+    has_sweep = regime is not None
+    panels = 1 + has_model + has_sweep
+    fig, axes = plt.subplots(1, panels, figsize=(6 * panels if panels > 1 else 7, 4.8))
     axes = np.atleast_1d(axes)
     rnd = df[df["source"] == "random"]
     ns = sorted(rnd["n"].unique())
@@ -429,7 +544,10 @@ def figure(rows: list[dict[str, Any]], path: Path, dim: int) -> None:
                 label=f"{variant} layer {layer}",
             )
         ax.set_title("(b) inside the trained models (mean over seeds)")
-    for ax in axes:
+    log_n_axes = axes[: 1 + has_model]
+    if has_sweep:
+        sweep_panel(axes[-1], df[df["source"] == "random-scale"], dim, regime)
+    for ax in log_n_axes:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("n (keys per row)")
         ax.set_ylabel("mean row entropy (nats)")
@@ -438,6 +556,33 @@ def figure(rows: list[dict[str, Any]], path: Path, dim: int) -> None:
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
     plt.close(fig)
+
+
+def sweep_panel(ax: Any, sweep: pd.DataFrame, dim: int, regime: dict[str, Any]) -> None:
+    """(a'): H - log n against lambda*d at n = max_n: Su 2021's n -> infinity expression, the
+    measured points (filled inside the fit, hollow outside it, beyond the expression's domain at
+    this n) and the fitted line over the range used."""
+    grid = np.linspace(float(sweep["lambda_d"].min()), float(sweep["lambda_d"].max()), 80)
+    ax.plot(grid, [theory_offset(float(v), dim) for v in grid], color="grey", linestyle=":",
+            label="Su 2021's expression (n -> infinity)")  # fmt: skip
+    offset = sweep["entropy"] - sweep["log_n"]
+    inside = sweep["in_fit"].astype(bool)
+    ax.plot(sweep["lambda_d"][inside], offset[inside], "o", color="tab:purple",
+            label="random q, k (in the fit)")  # fmt: skip
+    ax.plot(sweep["lambda_d"][~inside], offset[~inside], "o", mfc="none", color="tab:purple",
+            label="random q, k (outside the fit)")  # fmt: skip
+    ax.axvline(regime["bound"], color="tab:red", linestyle="--", linewidth=1,
+               label=f"domain bound ({regime['tolerance']} nats)")  # fmt: skip
+    if regime["points"] >= 2:
+        low, high = regime["lambda_d_range"]
+        x = np.array([low, high])
+        ax.plot(x, -regime["c"] * x + regime["b"], color="black",
+                label=f"fit: c = {regime['c']:.3f}")  # fmt: skip
+    ax.set_title(f"(a') scale sweep at n = {regime['n']}, d = {dim}")
+    ax.set_xlabel("lambda * d")
+    ax.set_ylabel("H - log n (nats)")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
 
 
 def run_entropy(cfg: ExtrapConfig, opts: EntropyOptions) -> EntropyResult:
@@ -451,14 +596,15 @@ def run_entropy(cfg: ExtrapConfig, opts: EntropyOptions) -> EntropyResult:
     ensure_dir(opts.out, "--out folder")
     notes: list[str] = []
     rows = random_rows(opts)
-    rows += scale_rows(opts)
+    bound = approximation_bound(opts.max_n, opts.dim, high=max(SCALE_SWEEP))
+    rows += scale_rows(opts, bound)
     rows += model_rows(cfg, opts, notes)
     fit = fit_c(rows, opts.dim)
-    fit["seed_regime"] = fit_scale_sweep(rows, opts.dim)
+    fit["seed_regime"] = fit_scale_sweep(rows, opts.dim, bound)
     fit["models"] = fit_models(rows)
     slopes = growth_slopes(rows)
     write_csv(pd.DataFrame(rows), opts.out / "entropy.csv", index=False)
-    figure(rows, opts.out / "entropy.png", opts.dim)
+    figure(rows, opts.out / "entropy.png", opts.dim, fit["seed_regime"])
     sidecar = {
         "suite": "entropy",
         "options": {k: str(v) for k, v in vars(opts).items() if k != "log"},
@@ -466,7 +612,7 @@ def run_entropy(cfg: ExtrapConfig, opts: EntropyOptions) -> EntropyResult:
         "fit": fit,
         "growth": slopes,
         "versions": machine.versions(),
-        "git": machine.git_state(),
+        "git": machine.git_state(opts.out),
         "notes": notes,
     }
     sidecar = portable(sidecar, opts.out)  # no path of this machine in a result file
@@ -489,12 +635,7 @@ def _text(fit: dict[str, Any], slopes: list[dict[str, Any]], notes: list[str]) -
         "0.24 is its slope at larger lambda*d",
     ]
     if (regime := fit.get("seed_regime")) is not None:
-        lo, hi = regime["lambda_d_range"]
-        lines.append(
-            f"fit in Su 2021's regime (random, n = {regime['n']}, lambda*d {lo:g}..{hi:g}): "
-            f"c = {regime['c']:.3f} (rms {regime['rms_residual']:.3f}); the expression gives "
-            f"{regime['theory_c']:.3f} there, Su 2021 quotes {regime['seed_c']}"
-        )
+        lines += _regime_text(regime)
     for m in fit.get("models", []):
         lines.append(
             f"fit inside the trained O and E, layer {m['layer']}: c = {m['c']:.3f} over nominal "
@@ -511,3 +652,25 @@ def _text(fit: dict[str, Any], slopes: list[dict[str, Any]], notes: list[str]) -
         )
     lines += [f"note: {n}" for n in notes]
     return "\n".join(lines)
+
+
+def _regime_text(regime: dict[str, Any]) -> list[str]:
+    """The scale sweep's fit: the range used, c beside the expression's c at the same points,
+    and the finite-n caveat."""
+    low, high = regime["sweep_range"]
+    head = f"fit in Su 2021's regime (random, n = {regime['n']}, sweep lambda*d {low:g}..{high:g}"
+    if regime["points"] < 2:
+        lines = [
+            f"{head}): no fit, {regime['points']} point(s) inside the expression's domain "
+            f"(lambda*d <= {regime['bound']:.1f}; a longer --max-n widens it)"
+        ]
+    else:
+        used_low, used_high = regime["lambda_d_range"]
+        lines = [
+            f"{head}; fitted over lambda*d {used_low:g}..{used_high:g}, {regime['points']} "
+            f"points): c = {regime['c']:.3f} (rms {regime['rms_residual']:.3f}); the expression "
+            f"gives c = {regime['theory_c']:.3f} at the same points ({regime['theory_c_sweep']:.3f}"
+            f" over the whole sweep, where n = {regime['n']} cannot follow it); Su 2021 quotes "
+            f"{regime['seed_c']}, the expression's slope near lambda*d = 20"
+        ]
+    return [*lines, f"  caveat: {regime['caveat']}"]

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation import baseline
+from attnbench.extrapolation import baseline, longrange, longrange_report
 from attnbench.extrapolation.config import EvalTimeVariant, ExtrapConfig, TrainedVariant, spec_json
 from attnbench.extrapolation.evaluate import EvalStream, evaluate
 from attnbench.extrapolation.model import MLMEncoder, build_model
@@ -53,36 +53,55 @@ def _row(cfg, label, kind, seed, res, ckpt, **extra) -> dict[str, Any]:
 
 
 def baseline_rows(cfg: ExtrapConfig, train: Tensor, stream: EvalStream) -> list[dict[str, Any]]:
-    """The count baseline (:mod:`attnbench.extrapolation.baseline`) at every evaluation length,
-    on the same windows and masks as the models: one row per length, no seed."""
-    started = time.perf_counter()
-    counts = baseline.ContextCounts(train)
+    """The count floors (:mod:`attnbench.extrapolation.baseline`) at every evaluation length, on
+    the same windows and masks as the models: ``count-baseline`` (the fair, mask-aware table,
+    counted over the masked positions of the first seed's training batches) and
+    ``count-backoff`` (the first rule); one row per floor and length, no seed. ``built_from`` is
+    the number of masked examples each table was counted from."""
+    floors = [
+        (
+            baseline.LABEL,
+            lambda: baseline.MaskedContextCounts.from_training(
+                train, cfg.train, cfg.model.train_len, cfg.run.seed_start
+            ),
+            baseline.describe(),
+        ),
+        (
+            baseline.BACKOFF_LABEL,
+            lambda: baseline.ContextCounts(train),
+            baseline.describe_backoff(),
+        ),
+    ]
     rows = []
-    for n in cfg.eval.lengths:
-        tokens, mask = stream.windows(n)
-        correct, masked = counts.accuracy(tokens, mask)
-        rows.append(
-            {
-                "variant": baseline.LABEL,
-                "kind": "baseline",
-                "applied_to": "",
-                "mechanism": "",
-                "path": "",
-                "params": "",
-                "note": baseline.describe(counts.width),
-                "seed": None,
-                "train_len": cfg.model.train_len,
-                "eval_len": n,
-                "accuracy": 100.0 * correct / max(1, masked),
-                "loss": None,  # a count table has no probabilities to score
-                "masked_tokens": masked,
-                "windows": tokens.shape[0],
-                "eval_tokens": tokens.numel(),
-                "eval_time_s": round(time.perf_counter() - started, 3),
-                "status": "ok",
-                "reason": "",
-            }
-        )
+    for label, build, note in floors:
+        started = time.perf_counter()
+        counts = build()
+        for n in cfg.eval.lengths:
+            tokens, mask = stream.windows(n)
+            correct, masked = counts.accuracy(tokens, mask)
+            rows.append(
+                {
+                    "variant": label,
+                    "kind": "baseline",
+                    "applied_to": "",
+                    "mechanism": "",
+                    "path": "",
+                    "params": "",
+                    "note": note,
+                    "seed": None,
+                    "train_len": cfg.model.train_len,
+                    "eval_len": n,
+                    "accuracy": 100.0 * correct / max(1, masked),
+                    "loss": None,  # a count table has no probabilities to score
+                    "masked_tokens": masked,
+                    "windows": tokens.shape[0],
+                    "eval_tokens": tokens.numel(),
+                    "eval_time_s": round(time.perf_counter() - started, 3),
+                    "status": "ok",
+                    "reason": "",
+                    "built_from": counts.examples,
+                }
+            )
     return rows
 
 
@@ -120,9 +139,30 @@ def _eval_all(cfg, log, model, label, kind, seed, ckpt, stream, chunk=None, **ex
             rows.append(_failed_row(cfg, label, kind, seed, n, ckpt, reason, **extra))
             continue
         rows.append(_row(cfg, label, kind, seed, res, ckpt, **extra))
+        if cfg.eval.long_range:
+            try:
+                rows[-1][longrange_report.CELLS] = _long_range(cfg, model, stream, n, chunk)
+            except (AttnbenchError, RuntimeError, ValueError) as e:  # the standard row stays
+                log(f"{label} seed {seed} n={n}: long-range span failed: {type(e).__name__}: "
+                    f"{str(e).splitlines()[0][:200]}")  # fmt: skip
     accs = " ".join(f"{r['accuracy']:.1f}" if r["status"] == "ok" else "err" for r in rows)
     log(f"  {label:<14} seed {seed}: accuracy {accs}")
     return rows
+
+
+def _long_range(cfg: ExtrapConfig, model, stream: EvalStream, n: int, chunk: int | None):
+    """The long-range span at length n (:mod:`attnbench.extrapolation.longrange`)."""
+    tokens, mask = stream.windows(n)
+    return longrange.evaluate_long_range(
+        model,
+        tokens,
+        mask,
+        seed=cfg.eval.seed,
+        length=cfg.eval.copy_length,
+        distances=cfg.eval.copy_distances,
+        chunk=chunk,
+        batch_tokens=cfg.eval.batch_tokens,
+    )
 
 
 def _evaluate_trained(cfg, log, v: TrainedVariant, seed, ckpt, stream, device) -> list[dict]:
@@ -150,7 +190,9 @@ def _evaluate_eval_time(cfg, log, ev: EvalTimeVariant, seed, ckpt, stream, devic
     tricks = ev.tricks
     model = MLMEncoder(
         cfg.model,
-        lambda c, i: TrickMixer(c.d_model, c.heads, tricks, rope_base=c.rope_base),
+        lambda c, i: TrickMixer(
+            c.d_model, c.heads, tricks, rope_base=c.rope_base, layer=i, layers=c.layers
+        ),
     )
     model.load_state_dict(ckpt["model"])  # strict: the O weights, unchanged
     model.to(device)

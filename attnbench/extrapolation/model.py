@@ -16,6 +16,11 @@ The loss and the accuracy read the masked positions only, so training and evalua
 FFN and the final LayerNorm, which act on each position alone, run on the masked rows only (15 %
 of them). In the ``cpu`` preset that is a third of the model's matmul work, and a training step
 takes about 30 % less time. The last block's mixer still reads every position.
+
+``positions`` (``forward``, ``hidden_at``): the rotary positions of each window, ``[B, T]`` or
+``[T]``, handed to every block's mixer; None (every evaluation) is 0..T-1. Training with
+randomized positions (Ruoss et al. 2023, ``TrainConfig.random_positions``) passes them, which
+needs every mixer to take them (:meth:`MLMEncoder.takes_positions`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from torch import Tensor, nn
 
 from attnbench import registry
 from attnbench.core.errors import AttnbenchError
-from attnbench.layers import Rotary, make_layer
+from attnbench.layers import Rotary, make_layer, takes_positions
 from attnbench.runtime.schema import Checked, Invalid, at_least, setting
 
 #: Byte values are their own ids; one extra id stands for a masked position.
@@ -46,7 +51,11 @@ class ModelConfig(Checked):
     layers: int = setting(2, "blocks", valid=at_least(1))
     heads: int = setting(2, "attention heads; head dim = d_model / heads", valid=at_least(1))
     ffn_mult: int = setting(4, "FFN hidden width = ffn_mult * d_model (GELU)", valid=at_least(1))
-    train_len: int = setting(64, "L: the one length the model is trained at", valid=at_least(1))
+    train_len: int = setting(
+        64,
+        "L: the length the model is trained at (the longest one, with train.window_lengths)",
+        valid=at_least(1),
+    )
     rope_base: float = setting(10000.0, "rotary base")
 
     @property
@@ -134,16 +143,23 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.d_model) if with_ffn else None
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_mult * cfg.d_model) if with_ffn else None
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.mixer(self.norm1(x))  # (B, T, C)
+    def mix(self, x: Tensor, positions: Tensor | None) -> Tensor:
+        """The mixer on norm1(x) [B, T, C]; ``positions`` passed on only when given, so a mixer
+        that takes none (an eval-time trick's, a whole-block layer's) is called as always."""
+        if positions is None:
+            return self.mixer(self.norm1(x))
+        return self.mixer(self.norm1(x), positions=positions)
+
+    def forward(self, x: Tensor, positions: Tensor | None = None) -> Tensor:
+        x = x + self.mix(x, positions)  # (B, T, C)
         if self.ffn is not None:
             x = x + self.ffn(self.norm2(x))  # (B, T, C)
         return x
 
-    def forward_at(self, x: Tensor, rows: Tensor) -> Tensor:
+    def forward_at(self, x: Tensor, rows: Tensor, positions: Tensor | None = None) -> Tensor:
         """``forward(x)[rows]`` ([N, C]; ``rows`` [B, T] bool): the mixer reads every position,
         the FFN (pointwise) runs on the N selected rows only."""
-        x = (x + self.mixer(self.norm1(x)))[rows]  # (N, C)
+        x = (x + self.mix(x, positions))[rows]  # (N, C)
         if self.ffn is not None:
             x = x + self.ffn(self.norm2(x))  # (N, C)
         return x
@@ -169,21 +185,28 @@ class MLMEncoder(nn.Module):
         self.norm = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, BYTES)
 
-    def forward(self, tokens: Tensor) -> Tensor:
-        """tokens [B, T] (long) -> hidden states [B, T, C]."""
+    def forward(self, tokens: Tensor, positions: Tensor | None = None) -> Tensor:
+        """tokens [B, T] (long) -> hidden states [B, T, C]; ``positions`` [B, T] or [T]: the
+        rotary positions (None: 0..T-1)."""
         x = self.embed(tokens)  # (B, T, C)
         for block in self.blocks:
-            x = block(x)
+            x = block(x, positions)
         return self.norm(x)
 
-    def hidden_at(self, tokens: Tensor, rows: Tensor) -> Tensor:
-        """``forward(tokens)[rows]`` -> [N, C] (``rows`` [B, T] bool, N of them set), computing
-        the last block's FFN and the final norm on those rows only (see the module docstring)."""
+    def hidden_at(self, tokens: Tensor, rows: Tensor, positions: Tensor | None = None) -> Tensor:
+        """``forward(tokens, positions)[rows]`` -> [N, C] (``rows`` [B, T] bool, N of them set),
+        computing the last block's FFN and the final norm on those rows only (see the module
+        docstring)."""
         x = self.embed(tokens)  # (B, T, C)
         *early, last = self.blocks
         for block in early:
-            x = block(x)
-        return self.norm(last.forward_at(x, rows))  # (N, C)
+            x = block(x, positions)
+        return self.norm(last.forward_at(x, rows, positions))  # (N, C)
+
+    def takes_positions(self) -> bool:
+        """Whether every block's mixer applies rotary embedding at explicit positions (see
+        :func:`attnbench.layers.takes_positions`)."""
+        return all(takes_positions(block.mixer) for block in self.blocks)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """hidden [..., C] -> byte logits [..., 256] (only for the positions that need them)."""

@@ -27,7 +27,13 @@ from attnbench.extrapolation.config import (
 )
 from attnbench.extrapolation.evaluate import EvalStream, make_eval_stream
 from attnbench.extrapolation.model import build_model
-from attnbench.extrapolation.train import HISTORY_EVERY, HeldoutProbe, check_key, load_checkpoint
+from attnbench.extrapolation.train import (
+    HISTORY_EVERY,
+    HeldoutProbe,
+    check_key,
+    check_training_options,
+    load_checkpoint,
+)
 from attnbench.measure import machine
 from attnbench.runtime import engines, logs
 from attnbench.runtime.progress import Progress, Silent
@@ -57,6 +63,9 @@ class RunOptions:
     on_step: Callable[[str, int, int], None] | None = None
     #: Steps between the points of the training curves (and of the checkpoint's history).
     log_every: int = HISTORY_EVERY
+    #: Variants whose finished checkpoints are also kept as float16 weights in OUT/weights
+    #: (:mod:`attnbench.extrapolation.weights`).
+    keep_weights: list[str] = field(default_factory=list)
     #: A TensorBoard log folder for the training curves (needs the tensorboard package).
     tensorboard: Path | None = None
     #: Where the trainings run: "local" (worker processes here) or "ray" (a Ray task each).
@@ -130,7 +139,7 @@ def read_inputs(cfg: ExtrapConfig, opts: RunOptions) -> RunInputs:
         cfg.eval.lengths,
         cfg.eval.tokens,
         cfg.eval.piece(),
-        cfg.train.mask_prob,
+        cfg.eval_mask_prob,
         cfg.eval.seed,
     )
     variants, notes = resolve_variants(cfg, opts.impls, opts.impl_params)
@@ -138,9 +147,11 @@ def read_inputs(cfg: ExtrapConfig, opts: RunOptions) -> RunInputs:
     notes += more
     for note in notes:
         opts.log(f"note: {note}")
-    for v in variants:  # build each model once now: a bad layer fails before any training
-        torch.manual_seed(0)
-        build_model(cfg.model, v.spec)
+    for v in variants:  # build each model once now: a bad layer, or a training option it
+        torch.manual_seed(0)  # cannot take (random positions), fails before any training
+        check_training_options(
+            cfg.train, cfg.model.train_len, build_model(cfg.model, v.spec), v.label
+        )
     seeds = list(range(cfg.run.seed_start, cfg.run.seed_start + cfg.run.seeds))
     device = machine.resolve_device(cfg.run.device, "run.device (--device)")
     if device.type == "cuda":
@@ -152,11 +163,22 @@ def read_inputs(cfg: ExtrapConfig, opts: RunOptions) -> RunInputs:
     return RunInputs(corpus, split, stream, variants, eval_rows, notes, seeds, device)
 
 
+#: Training options added after checkpoints existed, and the value that is the old behaviour: at
+#: that value they are left out of the key, so a checkpoint from before still resumes.
+LATER_TRAIN_OPTIONS = {"window_lengths": (), "random_positions": 0, "copy_share": 0.0,
+                       "copy_length": 64}  # fmt: skip
+
+
 def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus_sha: str) -> dict:
     """Everything that changes the trained weights (and nothing that only changes evaluation)."""
+    train = asdict(cfg.train)
+    off = cfg.train.copy_share == 0  # copy_length matters only with copies on
+    for name, old in LATER_TRAIN_OPTIONS.items():
+        if train[name] == old or (name == "copy_length" and off):
+            del train[name]
     return {
         "model": asdict(cfg.model),
-        "train": asdict(cfg.train),
+        "train": train,
         "mixer": variant.spec.plain(),
         "seed": seed,
         "corpus_sha256": corpus_sha,

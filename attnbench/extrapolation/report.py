@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,14 @@ BASE_COLUMNS = [
     "eval_tokens",
 ]
 TAIL_COLUMNS = ["model_params", "train_time_s", "train_steps", "eval_time_s", "status", "reason"]
+#: Columns a later attnbench added, last in the header: an older ``extrapolate.csv`` lacks them,
+#: so every reader takes them as optional. ``built_from``: how many examples a count row's table
+#: was counted from (empty for model rows).
+ADDED_COLUMNS = ["built_from"]
 
 
 def columns(layers: int) -> list[str]:
-    return BASE_COLUMNS + [f"entropy_l{i}" for i in range(layers)] + TAIL_COLUMNS
+    return BASE_COLUMNS + [f"entropy_l{i}" for i in range(layers)] + TAIL_COLUMNS + ADDED_COLUMNS
 
 
 def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
@@ -92,34 +97,71 @@ def summarise(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
     return agg.sort_values(["rank", "eval_len"]).drop(columns="rank").reset_index(drop=True)
 
 
-def paired_difference(rows: Sequence[dict[str, Any]], base: str = "O") -> pd.DataFrame:
-    """Per (variant, length): (variant - base) accuracy paired by seed, as :func:`stats.paired`
-    gives it: ``mean``, the 95 % t-interval ``low``..``high``, ``p`` (paired t-test, two-sided)
-    and ``count`` (seeds); ``std`` too. Baseline rows (no seed) are left out."""
+#: Columns of a paired-difference frame (:func:`contrast`, :func:`paired_difference`).
+DIFF_COLUMNS = ["variant", "base", "eval_len", "mean", "std", "low", "high", "p", "count",
+                "positive", "negative"]  # fmt: skip
+
+
+def _model_rows(rows: Sequence[dict[str, Any]] | pd.DataFrame) -> pd.DataFrame:
+    """The rows that have a seed: evaluated models (``ok``), no count rows."""
     df = pd.DataFrame(rows)
-    df = df[(df["status"] == "ok") & (df["kind"] != "baseline")]
-    ref = df[df["variant"] == base][["seed", "eval_len", "accuracy"]].rename(
-        columns={"accuracy": "ref"}
-    )
-    joined = df.merge(ref, on=["seed", "eval_len"])
-    joined["diff"] = joined["accuracy"] - joined["ref"]
+    return df[(df["status"] == "ok") & (df["kind"] != "baseline")]
+
+
+def seed_differences(
+    rows: Sequence[dict[str, Any]] | pd.DataFrame, variant: str, base: str
+) -> pd.DataFrame:
+    """The pairing behind every difference in the table: per (``eval_len``, ``seed``) where both
+    rows were evaluated, ``diff`` = accuracy(``variant``) - accuracy(``base``) in points. Both
+    rows saw the same windows and masks, and share a seed's initialisation and data order."""
+    df = _model_rows(rows)
+    key = ["seed", "eval_len"]
+    sides = []
+    for name in (variant, base):
+        side = df[df["variant"] == name][[*key, "accuracy"]]
+        if side.duplicated(key).any():
+            raise AttnbenchError(f"{name}: two rows for one (seed, eval_len); cannot pair by seed")
+        sides.append(side)
+    joined = sides[0].merge(sides[1], on=key, suffixes=("", "_base"))
+    joined["diff"] = joined["accuracy"] - joined["accuracy_base"]
+    out = joined[["eval_len", "seed", "diff"]].sort_values(["eval_len", "seed"])
+    return out.reset_index(drop=True)
+
+
+def contrast(
+    rows: Sequence[dict[str, Any]] | pd.DataFrame, variant: str, base: str
+) -> pd.DataFrame:
+    """``variant`` - ``base`` per length, paired by seed (:func:`seed_differences`), as
+    :func:`stats.paired` gives it: ``mean``, the 95 % t-interval ``low``..``high``, ``p``
+    (paired t-test, two-sided), ``count`` (seeds), ``positive`` and ``negative`` (seeds with
+    that sign), and the differences' ``std``; one row per length both were evaluated at."""
+    pairs = seed_differences(rows, variant, base)
     out = []
-    for (variant, n), g in joined.groupby(["variant", "eval_len"], sort=False):
+    for n, g in pairs.groupby("eval_len", sort=True):
         test = stats.paired(g["diff"].tolist())
         std = float(g["diff"].std()) if len(g) > 1 else float("nan")
         out.append(
-            dict(variant=variant, eval_len=n, mean=test.mean, std=std, low=test.low,
-                 high=test.high, p=test.p, count=test.count)
+            dict(variant=variant, base=base, eval_len=n, mean=test.mean, std=std, low=test.low,
+                 high=test.high, p=test.p, count=test.count, positive=test.positive,
+                 negative=test.negative)
         )  # fmt: skip
-    frame = pd.DataFrame(out, columns=["variant", "eval_len", "mean", "std", "low", "high", "p",
-                                       "count"])  # fmt: skip
-    order = {v: i for i, v in enumerate(dict.fromkeys(df["variant"]))}
-    frame["rank"] = frame["variant"].map(order)
-    return frame.sort_values(["rank", "eval_len"]).drop(columns="rank").reset_index(drop=True)
+    return pd.DataFrame(out, columns=DIFF_COLUMNS)
+
+
+def paired_difference(rows: Sequence[dict[str, Any]], base: str = "O") -> pd.DataFrame:
+    """:func:`contrast` of every model row against ``base``, in the order the rows first appear
+    (count rows, which have no seed, are left out)."""
+    df = _model_rows(rows)
+    frames = [contrast(df, v, base) for v in dict.fromkeys(df["variant"]) if v != base]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame(columns=DIFF_COLUMNS)
+    return pd.concat(frames, ignore_index=True)
 
 
 def _paired(r: Any) -> stats.Paired:
-    return stats.Paired(r.mean, r.low, r.high, r.p, int(r.count))
+    return stats.Paired(r.mean, r.low, r.high, r.p, int(r.count), int(r.positive),
+                        int(r.negative))  # fmt: skip
 
 
 def _fmt(mean: float, std: float, count: int) -> str:
@@ -163,31 +205,116 @@ def markdown_table(summary: pd.DataFrame, lengths: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+def _difference_cell(test: stats.Paired) -> str:
+    """``**+1.5 [+1.4, +1.6] p < 0.001**, 8/8 seeds positive``: bold where p < 0.05."""
+    body = f"**{test.text()}**" if test.significant else test.text()
+    return f"{body}, {test.signs()}" if test.count > 1 else body
+
+
+def _difference_rows(diff: pd.DataFrame, lengths: Sequence[int], label: Any) -> list[str]:
+    """One Markdown table row per (variant, base) of ``diff``, named ``label(variant, base)``."""
+    lines = []
+    for (variant, base), group in diff.groupby(["variant", "base"], sort=False):
+        by_n = {int(r.eval_len): r for r in group.itertuples()}
+        cells = [_difference_cell(_paired(by_n[n])) if n in by_n else "-" for n in lengths]
+        lines.append(f"| {label(variant, base)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown_difference(diff: pd.DataFrame, lengths: Sequence[int], base: str = "O") -> str:
-    """variant − base per length: mean [95 % interval] p over seeds; significant (p < 0.05)
-    cells in bold."""
+    """variant − base per length: mean [95 % interval] p over seeds and the sign count;
+    significant (p < 0.05) cells in bold."""
     head = f"| variant − {base} | " + " | ".join(f"n={n}" for n in lengths) + " |"
     lines = [head, "|---|" + "---:|" * len(lengths)]
-    for variant, group in diff.groupby("variant", sort=False):
-        if variant == base:
-            continue
-        by_n = {int(r.eval_len): r for r in group.itertuples()}
-        cells = []
-        for n in lengths:
-            r = by_n.get(n)
-            if r is None:
-                cells.append("-")
-                continue
-            test = _paired(r)
-            cells.append(f"**{test.text()}**" if test.significant else test.text())
-        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    own = diff[(diff["base"] == base) & (diff["variant"] != base)]
+    return "\n".join(lines + _difference_rows(own, lengths, lambda variant, _: variant))
+
+
+def minus(variant: str, base: str) -> str:
+    """``E − O``, ``E − (O+logn)``: a compound name in brackets."""
+
+    def term(name: str) -> str:
+        return f"({name})" if any(c in name for c in "+-− ") else name
+
+    return f"{term(variant)} − {term(base)}"
+
+
+#: Contrasts between two rows other than "variant − O", each with what it asks; printed when
+#: both rows exist.
+CONTRASTS: tuple[tuple[str, str, str], ...] = (
+    (
+        "E",
+        "O+logn",
+        "at a fixed training length E's log factor is a constant temperature, so this asks "
+        "whether training with E buys anything over rescaling the trained O by log n at "
+        "evaluation",
+    ),
+)
+
+
+def markdown_contrasts(
+    rows: Sequence[dict[str, Any]],
+    lengths: Sequence[int],
+    contrasts: Sequence[tuple[str, str, str]] = CONTRASTS,
+) -> list[str]:
+    """Markdown lines: what each contrast of ``contrasts`` present in ``rows`` asks, then one
+    table of them, in the format of the difference to O; [] when none has both rows."""
+    found = [(a, b, why, contrast(rows, a, b)) for a, b, why in contrasts]
+    found = [(a, b, why, frame) for a, b, why, frame in found if not frame.empty]
+    if not found:
+        return []
+    head = "| contrast | " + " | ".join(f"n={n}" for n in lengths) + " |"
+    table = [head, "|---|" + "---:|" * len(lengths)]
+    for _, _, _, frame in found:
+        table += _difference_rows(frame, lengths, minus)
+    return [
+        "Other contrasts, paired by seed (points), in the same format (descriptive):",
+        "",
+        *(f"- {minus(a, b)}: {why}." for a, b, why, _ in found),
+        "",
+        *table,
+    ]
+
+
+def differences_markdown(
+    rows: Sequence[dict[str, Any]], lengths: Sequence[int], base: str = "O", primary: str = "E"
+) -> str:
+    """The paired differences to ``base`` (what they are, which one was pre-specified, what the
+    sign counts can and cannot say), their table, then the other contrasts
+    (:func:`markdown_contrasts`)."""
+    diff = paired_difference(rows, base)
+    cells = diff[diff["count"] > 1]
+    seeds = int(diff["count"].max()) if not diff.empty else 0
+    if primary in set(diff["variant"]):
+        status = (
+            f"{minus(primary, base)} is the pre-specified contrast; every other cell is "
+            f"descriptive ({len(cells)} paired t-tests in all, no multiple-comparison "
+            "correction applied), so bold elsewhere is a lead, not a finding."
+        )
+    else:
+        status = "Every cell is descriptive (no multiple-comparison correction applied)."
+    signs = ""
+    if seeds >= 1:
+        signs = (
+            f" The sign count is a description, not a test: with {seeds} seed"
+            f"{'s' if seeds > 1 else ''} no sign or rank test can give a two-sided p below "
+            f"2/2^{seeds} = {stats.smallest_sign_p(seeds):.3g}."
+        )
+    text = (
+        f"Difference to {base}, paired by seed (points): mean [95 % t-interval], p of the paired "
+        "t-test over seeds, and how many seeds' differences have the mean's sign; bold where "
+        f"p < 0.05. A claim without bold is not established by these seeds. {status}{signs}"
+    )
+    parts = [text, "", markdown_difference(diff, lengths, base)]
+    if extra := markdown_contrasts(rows, lengths):
+        parts += ["", *extra]
+    return "\n".join(parts)
 
 
 #: The issue's reading of Su 2021's shape, on the mean over seeds of E - O (points):
-#: (length, test, threshold, words).
+#: (length, test, threshold, words). "abs<=" is read with an equivalence test (TOST).
 SHAPE_CHECKS = (
-    (64, "abs<=", 1.5, "|E − O| ≤ 1.5 at n = 64 (equal at the training length)"),
+    (64, "abs<=", 1.5, "|E − O| ≤ 1.5 at n = 64 (the training length)"),
     (128, ">=", -0.5, "E − O ≥ −0.5 at n = 128"),
     (256, ">=", 3.0, "E − O ≥ 3 at n = 256"),
     (512, ">=", 3.0, "E − O ≥ 3 at n = 512"),
@@ -195,25 +322,117 @@ SHAPE_CHECKS = (
 )
 
 
-def shape_checks(diff: pd.DataFrame, variant: str = "E") -> list[str]:
-    """Markdown bullet lines: does ``variant`` − O meet Su 2021's shape at each length, on the
-    mean, and is the difference significant (paired t-test over seeds, p < 0.05)?"""
-    rows = {int(r.eval_len): r for r in diff[diff["variant"] == variant].itertuples()}
+def _ahead(test: stats.Paired, variant: str) -> str:
+    if test.count < 2:
+        return "one seed: no test"
+    if test.significant and test.mean > 0:
+        return f"{variant} ahead, significant at 0.05"
+    return "not significant at 0.05"
+
+
+def shape_checks(rows: Sequence[dict[str, Any]], variant: str = "E", base: str = "O") -> list[str]:
+    """Markdown bullet lines: does ``variant`` − ``base`` meet Su 2021's shape at each length on
+    the mean, with its sign count and paired t-test; "within ±margin" is an equivalence test
+    (:func:`stats.equivalence`, TOST), so a non-significant difference is never called equal."""
+    pairs = seed_differences(rows, variant, base)
     lines = []
     for n, test, threshold, words in SHAPE_CHECKS:
-        if n not in rows:
+        values = pairs[pairs["eval_len"] == n]["diff"].tolist()
+        if not values:
             continue
-        r = _paired(rows[n])
+        r = stats.paired(values)
         ok = abs(r.mean) <= threshold if test == "abs<=" else r.mean >= threshold
+        signs = f", {r.signs()}" if r.count > 1 else ""
         if test == "abs<=":
-            verdict = "no significant difference" if not r.significant else "significant"
-        elif r.count < 2:
-            verdict = "one seed: no test"
-        elif r.significant and r.mean > 0:
-            verdict = f"{variant} ahead, significant at 0.05"
+            verdict = stats.equivalence(values, threshold).text()
         else:
-            verdict = "not significant at 0.05"
-        lines.append(f"- {words}: {'yes' if ok else 'no'} on the mean ({r.text(2)}; {verdict})")
+            verdict = _ahead(r, variant)
+        lines.append(
+            f"- {words}: {'yes' if ok else 'no'} on the mean ({r.text(2)}{signs}); {verdict}"
+        )
+    return lines
+
+
+# --------------------------------------------------------------------------------------------
+# The count rows (no model)
+# --------------------------------------------------------------------------------------------
+
+#: The count rows' labels (eval_tasks writes them): the fair floor, and the first rule kept
+#: beside it. A CSV written before the fair floor has only ``count-baseline``, with the first
+#: rule's note and no ``built_from``.
+FLOOR_LABEL, BACKOFF_LABEL = "count-baseline", "count-backoff"
+
+
+@dataclass(frozen=True)
+class TrainingExamples:
+    """How many masked examples one training saw, as its config expects them: ``steps`` x
+    ``batch`` windows x ``train_len`` positions x ``mask_prob`` (each position is masked at
+    random, so the count a training really drew varies around this)."""
+
+    steps: int
+    batch: int
+    train_len: int
+    mask_prob: float
+
+    @classmethod
+    def from_config(cls, cfg: Any) -> TrainingExamples:
+        """From an :class:`~attnbench.extrapolation.config.ExtrapConfig`."""
+        t = cfg.train
+        return cls(t.steps, t.batch, cfg.model.train_len, t.mask_prob)
+
+    @property
+    def expected(self) -> float:
+        return self.steps * self.batch * self.train_len * self.mask_prob
+
+    def text(self) -> str:
+        return (
+            f"{self.steps:,} steps × {self.batch} windows × {self.train_len} positions × "
+            f"{self.mask_prob:g} masked = {self.expected:,.0f} masked examples (expected)"
+        )
+
+
+def _first_text(values: pd.Series) -> str:
+    found = [str(v) for v in values if isinstance(v, str) and v.strip()]
+    return found[0] if found else ""
+
+
+def _built_from(group: pd.DataFrame) -> str:
+    """``built from 1,843,200 examples`` from the rows' ``built_from`` (absent in a CSV older
+    than the column: "not recorded")."""
+    if "built_from" not in group:
+        return "examples counted: not recorded in these rows"
+    counts = sorted({int(v) for v in pd.to_numeric(group["built_from"]).dropna()})
+    if not counts:
+        return "examples counted: not recorded in these rows"
+    return "built from " + " or ".join(f"{c:,}" for c in counts) + " examples"
+
+
+def count_rows_markdown(
+    rows: Sequence[dict[str, Any]], model: TrainingExamples | None = None
+) -> list[str]:
+    """Markdown lines describing the count rows present (each by its own ``note``, so an older
+    CSV's ``count-baseline`` reads as the rule it was), with how many examples each table was
+    built from, and beside them the masked examples a model trained on (``model``); [] when the
+    rows have no count row."""
+    df = pd.DataFrame(rows)
+    floors = df[df["kind"] == "baseline"]
+    if floors.empty:
+        return []
+    against = (
+        f"; read every model row against `{FLOOR_LABEL}`"
+        if FLOOR_LABEL in set(floors["variant"])
+        else ""
+    )
+    lines = [
+        f"Count rows (no model), scored on the same masked positions as the models{against}:",
+        "",
+    ]
+    for variant, group in floors.groupby("variant", sort=False):
+        note = _first_text(group["note"]) if "note" in group else ""
+        lines.append(f"- `{variant}`: {note or 'no description in the rows'}; "
+                     f"{_built_from(group)}.")  # fmt: skip
+    if model is not None:
+        lines.append(f"- each trained model, for comparison: {model.text()}.")
     return lines
 
 
@@ -237,15 +456,59 @@ def _signed(mean: float, std: float, count: int) -> str:
     return f"{mean:+.2f}"
 
 
+@dataclass(frozen=True)
+class Panel:
+    """One panel of the figure: its title (naming only rows it draws), the model rows it draws,
+    and whether Su 2021's published rows are drawn too."""
+
+    title: str
+    variants: tuple[str, ...]
+    published: bool
+
+
+def _drawn(summary: pd.DataFrame, kind: str) -> list[str]:
+    """The variants of ``kind`` with at least one mean to draw, in the summary's order."""
+    kinds = dict(zip(summary["variant"], summary["kind"], strict=False))
+    has_mean = summary.dropna(subset=["mean"])["variant"]
+    return [v for v in dict.fromkeys(has_mean) if kinds[v] == kind]
+
+
+def figure_panels(summary: pd.DataFrame, train_len: int) -> list[Panel]:
+    """Left: the trained rows (and Su 2021's published rows). Right, when any eval-time row has
+    a mean: those rows, with O and E for reference where drawn. Titles are made from the rows
+    drawn, so none names a row its panel does not show."""
+    import textwrap
+
+    trained = _drawn(summary, "trained")
+    tricks = _drawn(summary, "eval-time")
+    left = f"trained at L = {train_len}: " + (", ".join(trained) if trained else "no trained row")
+    panels = [Panel(textwrap.fill(left, 72), tuple(trained), True)]
+    if tricks:
+        ref = [v for v in ("O", "E") if v in trained]
+        right = "evaluation-time tricks: " + ", ".join(tricks)
+        right += f"; for reference {', '.join(ref)}" if ref else ""
+        panels.append(Panel(textwrap.fill(right, 72), tuple(ref + tricks), False))
+    return panels
+
+
+def floor_style(variant: str) -> dict[str, Any]:
+    """``count-baseline``: the floor, a black dash-dot line; any other count row (the old
+    back-off rule): fainter, dashed, labelled as what it is."""
+    if variant == FLOOR_LABEL:
+        return dict(color="black", linestyle="-.", linewidth=1.2, alpha=1.0,
+                    label=f"{variant} (no model: the floor)")  # fmt: skip
+    what = "no model, the old back-off rule" if variant == BACKOFF_LABEL else "no model"
+    return dict(color="grey", linestyle="--", linewidth=1.0, alpha=0.5,
+                label=f"{variant} ({what})")  # fmt: skip
+
+
 def figure(
     summary: pd.DataFrame, lengths: Sequence[int], train_len: int, path: Path, title: str
 ) -> None:
     """Accuracy vs evaluation length, log2 x axis, one line per variant, error bars the 95 %
-    t-interval of the mean over seeds (none with one seed).
-
-    Left: the trained variants and Su 2021's published rows (dotted; other data, compare shapes).
-    Right (when there are eval-time rows): the tricks applied to the trained O model, with O and E
-    for reference. The count baseline (no model), dash-dotted, in both.
+    t-interval of the mean over seeds (none with one seed); panels as :func:`figure_panels`
+    says. The count rows (no model) in both: ``count-baseline`` as the floor line, any other
+    (``count-backoff``) fainter and dashed.
     """
     import matplotlib
 
@@ -253,22 +516,15 @@ def figure(
     import matplotlib.pyplot as plt
 
     kinds = dict(zip(summary["variant"], summary["kind"], strict=False))
-    trained = [v for v in dict.fromkeys(summary["variant"]) if kinds[v] == "trained"]
-    tricks = [v for v in dict.fromkeys(summary["variant"]) if kinds[v] == "eval-time"]
-    floors = [v for v in dict.fromkeys(summary["variant"]) if kinds[v] == "baseline"]
-    panels = [(f"trained at L = {train_len}", trained, True)]
-    if tricks:
-        ref = [v for v in ("O", "E") if v in trained]
-        panels.append(("evaluation-time tricks on the trained O", ref + tricks, False))
+    floors = _drawn(summary, "baseline")
+    panels = figure_panels(summary, train_len)
     fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 5.2), squeeze=False)
     colours = plt.get_cmap("tab20").colors
     colour = {v: colours[(2 * i) % 20 + (2 * i // 20) % 2] for i, v in enumerate(kinds)}
-    for ax, (name, variants, published) in zip(axes[0], panels, strict=True):
-        for variant in variants:
+    for ax, panel in zip(axes[0], panels, strict=True):
+        for variant in panel.variants:
             g = summary[summary["variant"] == variant].dropna(subset=["mean"])
             g = g.sort_values("eval_len")
-            if g.empty:
-                continue
             kind = kinds[variant]
             pairs = zip(g["std"], g["count"], strict=True)
             half = [stats.interval_half_width(sd, int(c)) for sd, c in pairs]
@@ -287,9 +543,8 @@ def figure(
         for variant in floors:
             g = summary[summary["variant"] == variant].dropna(subset=["mean"])
             g = g.sort_values("eval_len")
-            ax.plot(g["eval_len"], g["mean"], color="black", linestyle="-.", linewidth=1.0,
-                    label=f"{variant} (no model)")  # fmt: skip
-        if published:
+            ax.plot(g["eval_len"], g["mean"], **floor_style(variant))
+        if panel.published:
             for pname, values in PUBLISHED.items():
                 xs = [n for n in lengths if n in values]
                 ax.plot(
@@ -306,7 +561,7 @@ def figure(
         ax.set_xticklabels([str(n) for n in lengths])
         ax.set_xlabel(f"evaluation length n (trained at L = {train_len})")
         ax.set_ylabel("masked-token accuracy (%)")
-        ax.set_title(name, fontsize=10)
+        ax.set_title(panel.title, fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="best")
     fig.suptitle(title, fontsize=11)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from attnbench.extrapolation import baseline, curves, report
+from attnbench.extrapolation import curves, longrange_report, report
 from attnbench.extrapolation.config import ExtrapConfig
 from attnbench.extrapolation.eval_tasks import PIECES
 from attnbench.extrapolation.evaluate import EvalStream
@@ -23,10 +23,15 @@ from attnbench.runtime.outputs import write_text
 from attnbench.runtime.portable import portable
 
 MASKING = (
-    "each position replaced by the [MASK] id independently with probability {p} (training and "
-    "evaluation alike); loss and accuracy over masked positions only; evaluation masks drawn once "
+    "each position replaced by the [MASK] id independently with probability {p} in training and "
+    "{q} in evaluation; loss and accuracy over masked positions only; evaluation masks drawn once "
     "over the held-out span (seed {seed}), the same for every variant, seed and length"
 )
+
+
+def masking(cfg: ExtrapConfig) -> str:
+    return MASKING.format(p=cfg.train.mask_prob, q=cfg.eval_mask_prob, seed=cfg.eval.seed)
+
 
 #: Each row's per-piece (masked, correct) counts (the rows' PIECES entries).
 PIECES_NAME = "pieces.csv"
@@ -62,11 +67,27 @@ def write_results(cfg: ExtrapConfig, opts: RunOptions, inputs: RunInputs, rows: 
     table_md = _table_markdown(cfg, rows, summary, lengths, title, command, stream)
     write_text(opts.out / TABLE_NAME, table_md)
     report.figure(summary, lengths, cfg.model.train_len, opts.out / FIGURE_NAME, title)
+    long_range = _long_range_outputs(cfg, opts, rows, title, command)
     sidecar = _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command)
     sidecar.update(load=load, warnings=list(warnings or []))
+    sidecar["outputs"] += long_range
     sidecar = portable(sidecar, opts.out)
     write_text(opts.out / SIDECAR_NAME, json.dumps(sidecar, indent=1, default=str) + "\n")
     return table_md
+
+
+def _long_range_outputs(cfg, opts, rows, title, command) -> list[str]:
+    """longrange.md and the two-span figure when the rows carry long-range cells (the CSV was
+    written as they came); returns the names written."""
+    if not longrange_report.cell_rows(rows):
+        return []
+    md = longrange_report.markdown(rows, cfg.model.train_len, title, command)
+    write_text(opts.out / longrange_report.TABLE_NAME, md)
+    standard = [r for r in rows if r.get("status") == "ok"]
+    longrange_report.figure(standard, rows, cfg.model.train_len,
+                            opts.out / longrange_report.FIGURE_NAME, title)  # fmt: skip
+    names = longrange_report.CSV_NAME, longrange_report.TABLE_NAME, longrange_report.FIGURE_NAME
+    return list(names)
 
 
 def _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command) -> dict[str, Any]:
@@ -86,7 +107,7 @@ def _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command)
             "span_tokens": stream.size,
             "span_masked": int(stream.mask.sum()),
             "span": stream.describe(),
-            "masking": MASKING.format(p=cfg.train.mask_prob, seed=cfg.eval.seed),
+            "masking": masking(cfg),
             "windows": {str(n): stream.windows(n)[0].shape[0] for n in lengths},
             "entropy": f"mean attention-row entropy (nats) per layer over the first "
             f"{cfg.eval.entropy_tokens} tokens of the span (at least one window)",
@@ -108,7 +129,7 @@ def _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command)
         "versions": machine.versions(),
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "git": machine.git_state(),
+        "git": machine.git_state(opts.out),
         "notes": notes,
         "outputs": [CSV_NAME, PIECES_NAME, TABLE_NAME, FIGURE_NAME]
         + ([curves.COMBINED_NAME] if curves_csv else []),
@@ -116,8 +137,8 @@ def _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command)
 
 
 def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStream) -> str:
-    diff = report.paired_difference(rows)
     masked = {n: int(stream.windows(n)[1].sum()) for n in lengths}
+    counts = report.count_rows_markdown(rows, report.TrainingExamples.from_config(cfg))
     return "\n".join(
         [
             f"# {title}",
@@ -125,18 +146,13 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
             f"Made by: `{command}`",
             "",
             "Masked-token accuracy (%), mean ± std over seeds. Eval-time rows reuse the trained O "
-            "weights. `count-baseline` has "
-            + baseline.describe()
-            + ", on the same masked positions; read every row against it. Su 2021's rows are its "
-            "published numbers (other data and model): compare shapes, not levels.",
+            "weights. Count rows have no model (described below the table). Su 2021's rows are "
+            "its published numbers (other data and model): compare shapes, not levels.",
             "",
             report.markdown_table(summary, lengths),
             "",
-            "Difference to O, paired by seed (points): mean [95 % t-interval] and p of the paired "
-            "t-test over seeds; bold where p < 0.05. A claim without bold is not established by "
-            "these seeds.",
-            "",
-            report.markdown_difference(diff, lengths),
+            *([*counts, ""] if counts else []),
+            report.differences_markdown(rows, lengths),
             "",
             f"Within one seed, the evaluation text's own sampling error: 95 % bootstrap interval "
             f"of variant − O over the span's {stream.pieces} pieces (resampled with replacement, "
@@ -146,15 +162,21 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
             report.markdown_within_seed(report.within_seed(rows, PIECES), lengths),
             "",
             *(
-                ["Su 2021's shape, E − O (on the mean, and its significance):", "", *checks, ""]
-                if (checks := report.shape_checks(diff))
+                [
+                    "Su 2021's shape, E − O (on the mean, with its sign count and paired t-test; "
+                    "at the training length an equivalence test):",
+                    "",
+                    *checks,
+                    "",
+                ]
+                if (checks := report.shape_checks(rows))
                 else []
             ),
             "Training wall time per variant (this machine, threads as in the sidecar):",
             "",
             *report.training_times(rows),
             "",
-            "Masking: " + MASKING.format(p=cfg.train.mask_prob, seed=cfg.eval.seed) + ".",
+            "Masking: " + masking(cfg) + ".",
             "",
             "Masked tokens evaluated per length: "
             + ", ".join(f"n={n}: {masked[n]:,}" for n in lengths)

@@ -32,7 +32,8 @@ from typing import Any
 
 import torch
 
-from attnbench.extrapolation import curves, distributed, report
+from attnbench.core.errors import AttnbenchError
+from attnbench.extrapolation import curves, distributed, longrange_report, report, weights
 from attnbench.extrapolation.config import ExtrapConfig
 from attnbench.extrapolation.eval_tasks import EvalTask, eval_task_count
 from attnbench.extrapolation.evaluation_pool import evaluate_tasks
@@ -76,6 +77,7 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     opts, world = _checked(cfg, opts)
     started = dt.datetime.now(dt.timezone.utc)
     inputs = read_inputs(cfg, opts)
+    _check_keep_weights(opts, inputs.variants)
     probe = HeldoutProbe.from_stream(
         inputs.split.heldout,
         cfg.model.train_len,
@@ -106,8 +108,10 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     try:
         if opts.train_only:
             train_only(cfg, opts, plan, inputs.split.train, device, dist)
+            _keep_weights(opts, plan)
             return RunResult([], opts.out, "", inputs.notes)
         rows, trainings, curves_csv = _train_and_evaluate(cfg, opts, plan, inputs, device)
+        _keep_weights(opts, plan)
     finally:
         torch.set_num_threads(old_threads)
         load = watch.stop()
@@ -119,6 +123,23 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     table_md = write_results(cfg, opts, inputs, rows, trainings, curves_csv, started, device,
                              load=load, warnings=warnings)  # fmt: skip
     return RunResult(rows, opts.out, table_md, inputs.notes)
+
+
+def _check_keep_weights(opts: RunOptions, variants) -> None:
+    trained = [v.label for v in variants]
+    if missing := [name for name in opts.keep_weights if name not in trained]:
+        raise AttnbenchError(
+            f"--keep-weights {','.join(missing)}: not a trained variant of this run; "
+            f"accepted: {', '.join(trained)}"
+        )
+
+
+def _keep_weights(opts: RunOptions, plan: Plan) -> None:
+    """``--keep-weights``: float16 copies of the listed variants' checkpoints in OUT/weights."""
+    paths = [path for v, _, path, _, _ in plan.entries if v.label in opts.keep_weights]
+    if paths and distributed.torchrun_is_main():  # under torchrun, rank 0 alone writes
+        kept = weights.keep(paths, opts.out / weights.FOLDER)
+        opts.log(f"kept the weights of {len(kept)} checkpoints in {opts.out / weights.FOLDER}")
 
 
 def _load_warnings(watch: machine.LoadWatch, threads: int, busy: int) -> list[str]:
@@ -188,11 +209,17 @@ def _train_and_evaluate(cfg: ExtrapConfig, opts: RunOptions, plan: Plan, inputs:
         if layout[0] < 2:  # one process: a checkpoint's rows as soon as it is trained
             for task_rows in evaluate_tasks(tasks, stream, train_stream, layout, opts.log):
                 rows += task_rows
-            report.write_csv(rows, opts.out / CSV_NAME)
+            _write_rows(rows, opts)
             tasks = []
     tasks.append(EvalTask(cfg, "baseline", None, None, None, "cpu"))
     # Several processes: every evaluation is queued (rows come back in plan order).
     for task_rows in evaluate_tasks(tasks, stream, train_stream, layout, opts.log):
         rows += task_rows
-        report.write_csv(rows, opts.out / CSV_NAME)
+        _write_rows(rows, opts)
     return rows, trainings, curves_csv
+
+
+def _write_rows(rows: list[dict[str, Any]], opts: RunOptions) -> None:
+    """extrapolate.csv (and longrange.csv when the long-range span is on) from the rows so far."""
+    report.write_csv(rows, opts.out / CSV_NAME)
+    longrange_report.write_csv(rows, opts.out / longrange_report.CSV_NAME)

@@ -2,8 +2,19 @@
 
 Each training seed gives one difference d_s = accuracy(variant, seed s) - accuracy(O, seed s) at a
 length (same windows, same masks, same seed's data order). Over k seeds, :func:`paired` gives the
-mean difference, its 95 % confidence interval ``mean +- t_{0.975, k-1} sd / sqrt(k)`` (Student's t)
-and the two-sided p of the paired t-test of "no difference". With one seed there is no interval.
+mean difference, its 95 % confidence interval ``mean +- t_{0.975, k-1} sd / sqrt(k)`` (Student's t),
+the two-sided p of the paired t-test of "no difference" and the sign count (how many seeds'
+differences are positive, how many negative). With one seed there is no interval.
+
+The sign count is a description, never a test: with k seeds no distribution-free test (sign or
+signed rank) can give a two-sided p below ``2 / 2^k`` (:func:`smallest_sign_p`; 0.25 at k = 3), so
+below :data:`SIGN_TEST_SEEDS` seeds it could not reach 0.05 whatever the data.
+
+"Equal" is never read off a non-significant difference: :func:`equivalence` is the two one-sided
+t-tests (TOST) against a margin, equivalent at level alpha exactly when the (1 - 2 alpha) t-interval
+lies inside (-margin, +margin). Schuirmann, "A comparison of the two one-sided tests procedure and
+the power approach for assessing the equivalence of average bioavailability", 1987,
+https://doi.org/10.1007/BF01068419.
 
 Student's t comes from SciPy (:func:`scipy.stats.ttest_1samp`, :data:`scipy.stats.t`).
 """
@@ -16,19 +27,26 @@ from dataclasses import dataclass
 
 from scipy import stats as _scipy
 
+from attnbench.core.errors import AttnbenchError
+
 LEVEL = 0.95
 ALPHA = 0.05
+#: Fewest seeds at which a two-sided sign test can reach p < ALPHA at all (2 / 2^6 = 0.031).
+SIGN_TEST_SEEDS = 6
 
 
 @dataclass(frozen=True)
 class Paired:
-    """A paired difference over seeds: mean, 95 % interval (NaN with one seed), p, seeds."""
+    """A paired difference over seeds: mean, 95 % interval (NaN with one seed), p, seeds, and how
+    many seeds' differences are positive and negative (the rest are exactly zero)."""
 
     mean: float
     low: float
     high: float
     p: float
     count: int
+    positive: int = 0
+    negative: int = 0
 
     @property
     def significant(self) -> bool:
@@ -43,6 +61,18 @@ class Paired:
             f"p {format_p(self.p)}"
         )
 
+    def signs(self) -> str:
+        """``7/8 seeds positive``: the seeds whose difference has the mean's sign (``negative``
+        below zero; ``8/8 seeds zero`` when every difference is 0). A description, not a test."""
+        if self.count == 0:
+            return ""
+        seeds = "seeds" if self.count > 1 else "seed"
+        if self.positive == self.negative == 0:
+            return f"{self.count}/{self.count} {seeds} zero"
+        if self.mean < 0:
+            return f"{self.negative}/{self.count} {seeds} negative"
+        return f"{self.positive}/{self.count} {seeds} positive"
+
 
 def format_p(p: float) -> str:
     if math.isnan(p):
@@ -50,24 +80,86 @@ def format_p(p: float) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.01 else f"{p:.2f}"
 
 
+def _values(differences: Sequence[float]) -> list[float]:
+    return [float(d) for d in differences]
+
+
 def paired(differences: Sequence[float], level: float = LEVEL) -> Paired:
-    """Mean, t-interval and two-sided paired t-test p of per-seed differences."""
-    values = [float(d) for d in differences]
+    """Mean, t-interval, two-sided paired t-test p and sign count of per-seed differences."""
+    values = _values(differences)
     k = len(values)
+    nan = float("nan")
     if k == 0:
-        nan = float("nan")
         return Paired(nan, nan, nan, nan, 0)
+    positive, negative = sum(v > 0 for v in values), sum(v < 0 for v in values)
     mean = sum(values) / k
     if k < 2:
-        nan = float("nan")
-        return Paired(mean, nan, nan, nan, 1)
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (k - 1))
-    if sd == 0.0:  # no spread at all: a certain difference (SciPy would give NaN)
+        return Paired(mean, nan, nan, nan, 1, positive, negative)
+    if max(values) == min(values):  # no spread: a certain difference (SciPy would give NaN)
         p = 0.0 if mean != 0.0 else 1.0
-        return Paired(mean, mean, mean, p, k)
+        return Paired(mean, mean, mean, p, k, positive, negative)
     test = _scipy.ttest_1samp(values, 0.0)
     ci = test.confidence_interval(level)
-    return Paired(mean, float(ci.low), float(ci.high), float(test.pvalue), k)
+    return Paired(mean, float(ci.low), float(ci.high), float(test.pvalue), k, positive, negative)
+
+
+def smallest_sign_p(seeds: int) -> float:
+    """The smallest two-sided p a sign test (or any test of the signs' permutations) can give
+    with ``seeds`` nonzero differences: every sign alike, ``2 / 2^seeds`` (at most 1)."""
+    if seeds < 1:
+        raise AttnbenchError(f"seeds={seeds}: a sign test needs at least one difference")
+    return min(1.0, 2.0 / 2.0**seeds)
+
+
+@dataclass(frozen=True)
+class Equivalence:
+    """Two one-sided t-tests (TOST) of per-seed differences against ``-margin`` and ``+margin``:
+    ``p`` is the larger one-sided p; ``low``..``high`` the (1 - 2 ``alpha``) t-interval, inside
+    (-margin, +margin) exactly when ``p < alpha``. NaN with one seed."""
+
+    margin: float
+    low: float
+    high: float
+    p: float
+    count: int
+    alpha: float = ALPHA
+
+    @property
+    def equivalent(self) -> bool:
+        return self.count > 1 and self.p < self.alpha
+
+    def text(self, digits: int = 2) -> str:
+        """``equivalent within ±1.5 (TOST p = 0.004; 90 % interval [-0.58, +0.17])``, or ``not
+        shown equivalent within ±1.5 (...)``: never "equal"."""
+        if self.count < 2:
+            return "one seed: no equivalence test"
+        p = format_p(self.p)
+        level = f"{100 * (1 - 2 * self.alpha):g} %"
+        detail = (
+            f"TOST p {p if p.startswith('<') else '= ' + p}; {level} interval "
+            f"[{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
+        )
+        verdict = "equivalent" if self.equivalent else "not shown equivalent"
+        return f"{verdict} within ±{self.margin:g} ({detail})"
+
+
+def equivalence(differences: Sequence[float], margin: float, alpha: float = ALPHA) -> Equivalence:
+    """TOST of "the mean difference lies within ±``margin``": H0 mean <= -margin and H0
+    mean >= +margin, each rejected by a one-sided t-test; the larger p is the test's p."""
+    if not margin > 0:
+        raise AttnbenchError(f"equivalence margin {margin}: accepted: a number > 0")
+    values = _values(differences)
+    k = len(values)
+    nan = float("nan")
+    if k < 2:
+        return Equivalence(margin, nan, nan, nan, k, alpha)
+    mean = sum(values) / k
+    if max(values) == min(values):  # no spread: inside the margin or not, for certain
+        return Equivalence(margin, mean, mean, 0.0 if abs(mean) < margin else 1.0, k, alpha)
+    above = _scipy.ttest_1samp(values, -margin, alternative="greater").pvalue
+    below = _scipy.ttest_1samp(values, margin, alternative="less").pvalue
+    ci = _scipy.ttest_1samp(values, 0.0).confidence_interval(1 - 2 * alpha)
+    return Equivalence(margin, float(ci.low), float(ci.high), float(max(above, below)), k, alpha)
 
 
 def interval_half_width(sd: float, count: int, level: float = LEVEL) -> float:

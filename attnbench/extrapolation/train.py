@@ -1,4 +1,4 @@
-"""Training the MLM encoder at one length, with checkpoints that resume bit for bit.
+"""Training the MLM encoder, at one length by default, with checkpoints that resume bit for bit.
 
 Masking scheme (training and evaluation alike): every position is replaced by the [MASK] id
 independently with probability ``mask_prob`` (15 %); the loss and the accuracy are over the masked
@@ -6,8 +6,15 @@ positions only. Batches are ``batch`` windows of ``train_len`` bytes starting at
 offsets of the training stream. Offsets and masks come from one ``torch.Generator`` seeded by the
 run's seed (not by the variant), so every variant of a seed sees the same batches in the same order.
 
+Two training options (:class:`TrainConfig`, both off by default, which leaves every batch as it
+was): ``window_lengths`` draws each step's window length from a list (windows of every length hold
+the same ``batch * train_len`` tokens), and ``random_positions`` gives each training window sorted
+random rotary positions (Ruoss et al. 2023). Each draws from its own generator seeded from the
+run's seed (:class:`TrainingBatches`), so turning one on leaves the other draws as they were (with
+random positions alone, every step's windows and masks are the default run's).
+
 A checkpoint holds the model, the optimiser, the step, the training time so far, and every random
-state that the rest of training depends on (the sampler's generator, torch's and Python's global
+state that the rest of training depends on (the sampler's generators, torch's and Python's global
 generators), so ``--resume`` ends with the same numbers as an uninterrupted run. Ctrl-C or SIGTERM
 finishes the current step, writes a checkpoint and raises :class:`Interrupted`; a checkpoint is also
 written every ``ckpt_every`` steps (what survives a SIGKILL). Files are written atomically.
@@ -43,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.errors import AttnbenchError
+from attnbench.extrapolation import longrange
 from attnbench.extrapolation.model import MASK_ID
 from attnbench.runtime.outputs import atomic_open, write_failed
 from attnbench.runtime.progress import Progress, Silent
@@ -73,7 +81,27 @@ class CurvePoint(NamedTuple):
 @dataclass(frozen=True)
 class TrainConfig(Checked):
     """How to train (every field changes the trained weights, so it is part of the checkpoint
-    key); a preset's ``[train]``."""
+    key); a preset's ``[train]``.
+
+    ``window_lengths`` and ``random_positions`` are the two ways to train for lengths beyond
+    ``model.train_len`` L (checked against L and the mechanism by :func:`check_training_options`,
+    before any training):
+
+    - ``window_lengths`` (e.g. ``[16, 32, 64]``): each step trains at a length drawn from the list,
+      L the longest. Variant E scales by log_512 n with n each window's own length (Su Jianlin,
+      "Looking at attention's scale operation from entropy invariance", 2021,
+      https://kexue.fm/archives/8823); trained at one length its factor is a constant, trained
+      from scratch on varying lengths it varies with n, as its derivation assumes.
+    - ``random_positions`` P: the rotary positions of each training window are sorted distinct
+      ids drawn from 0..P-1 instead of 0..L-1, so training sees the relative distances of
+      evaluation up to P (Ruoss, Delétang, Genewein, Grau-Moya, Csordás, Bennani, Legg, Veness,
+      "Randomized Positional Encodings Boost Length Generalization of Transformers", ACL 2023,
+      https://arxiv.org/abs/2305.16843). Evaluation always uses 0..n-1.
+
+    A ``[variants.NAME]`` table names a mechanism, not a training: a row trained with these
+    options is a run of its own, with ``--set train.window_lengths=16,32,64`` or ``--set
+    train.random_positions=1024`` (or a preset's ``[train]``) and its own ``--out``.
+    """
 
     batch: int = setting(64, "windows per step", valid=at_least(1))
     steps: int = setting(3000, "optimiser steps", valid=at_least(1))
@@ -88,6 +116,71 @@ class TrainConfig(Checked):
     mask_prob: float = setting(
         0.15, "each position masked independently with this probability", valid=inside(0, 1)
     )
+    window_lengths: tuple[int, ...] = setting(
+        (),
+        "train at varying lengths: each step draws one of these (uniformly over the list, so a "
+        "length listed twice comes twice as often) and trains on batch * train_len / length "
+        "windows of it, the same tokens every step; each must divide model.train_len; empty: "
+        "every step at train_len",
+        valid=at_least(1),
+    )
+    random_positions: int = setting(
+        0,
+        "randomized positions (Ruoss et al. 2023): each training window's rotary positions are "
+        "distinct ids drawn uniformly from 0..P-1 and sorted; P >= model.train_len, typically the "
+        "longest evaluation length; evaluation always uses 0..n-1; 0: off",
+        valid=at_least(0),
+    )
+    copy_share: float = setting(
+        0.0,
+        "share of training windows given a verbatim copy of their own earlier bytes at a distance "
+        "below L, so that the model learns to copy (the long-range span measures whether it still "
+        "can beyond L: attnbench.extrapolation.longrange); 0: off, the published experiment",
+        valid=within(0, 1),
+    )
+    copy_length: int = setting(
+        64, "bytes copied per window when copy_share > 0 (at most L - distance)", valid=at_least(1)
+    )
+
+
+def check_training_options(
+    cfg: TrainConfig, train_len: int, model: nn.Module | None = None, variant: str = ""
+) -> None:
+    """Refuse what the training options cannot do, before any training (errors name the
+    setting): a window length that does not divide ``train_len`` (L stays the longest length
+    trained, and every step holds batch * L tokens), ``random_positions`` below L (a window
+    needs L distinct positions), and random positions for a ``model`` (of ``variant``) whose
+    mixers do not all apply rotary embedding at explicit positions."""
+    bad = [n for n in cfg.window_lengths if n > train_len or train_len % n]
+    if bad:
+        divisors = ", ".join(str(d) for d in range(1, train_len + 1) if train_len % d == 0)
+        raise AttnbenchError(
+            f"train.window_lengths = {list(cfg.window_lengths)} is not accepted: "
+            f"{', '.join(map(str, bad))} {'does' if len(bad) == 1 else 'do'} not divide "
+            f"model.train_len = {train_len}; accepted: lengths dividing train_len ({divisors}): "
+            "train_len is the longest length trained, and every step holds batch * train_len "
+            "tokens"
+        )
+    if 0 < cfg.random_positions < train_len:
+        raise AttnbenchError(
+            f"train.random_positions = {cfg.random_positions} is not accepted: a window needs "
+            f"model.train_len = {train_len} distinct positions; accepted: 0 (off) or an integer "
+            f">= {train_len}, typically the longest evaluation length"
+        )
+    if cfg.random_positions and model is not None and not _takes_positions(model):
+        who = f"variant {variant}" if variant else "this model"
+        raise AttnbenchError(
+            f"train.random_positions = {cfg.random_positions} is not accepted for {who}: its "
+            "layers have no rotary embedding, or do not take explicit positions (only the "
+            "generic attention layer does); accepted for it: 0 (train it without, in another "
+            "--out)"
+        )
+
+
+def _takes_positions(model: nn.Module) -> bool:
+    """Whether ``model`` (an :class:`~attnbench.extrapolation.model.MLMEncoder`) takes rotary
+    positions in every layer; a model without the method takes none."""
+    return bool(getattr(model, "takes_positions", lambda: False)())
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -104,7 +197,8 @@ class BatchSampler:
     """Random training windows and their masks from a uint8 stream, vectorised.
 
     ``next()`` returns inputs ``[B, L]`` (long, masked positions set to MASK_ID), the targets of
-    the masked positions ``[N]`` (long) and the mask ``[B, L]`` (bool).
+    the masked positions ``[N]`` (long) and the mask ``[B, L]`` (bool); ``next(length)`` the
+    same for windows of a shorter ``length`` dividing L, B * L / length of them.
     """
 
     def __init__(self, stream: Tensor, length: int, batch: int, mask_prob: float, seed: int):
@@ -117,12 +211,17 @@ class BatchSampler:
         self.gen = torch.Generator().manual_seed(seed)
         self.offsets = torch.arange(length)  # (L,)
 
-    def next(self) -> tuple[Tensor, Tensor, Tensor]:
+    def next(self, length: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        length = self.length if length is None else length
+        if not 1 <= length <= self.length or self.length % length:
+            raise AttnbenchError(f"window length {length} does not divide {self.length}")
+        count = self.batch * self.length // length  # W windows: the tokens of B windows of L
+        offsets = self.offsets if length == self.length else torch.arange(length)  # (l,)
         starts = torch.randint(
-            0, self.stream.numel() - self.length + 1, (self.batch,), generator=self.gen
-        )  # (B,)
-        tokens = self.stream[starts[:, None] + self.offsets].long()  # (B, L)
-        mask = torch.rand(tokens.shape, generator=self.gen) < self.mask_prob  # (B, L)
+            0, self.stream.numel() - length + 1, (count,), generator=self.gen
+        )  # (W,)
+        tokens = self.stream[starts[:, None] + offsets].long()  # (W, l)
+        mask = torch.rand(tokens.shape, generator=self.gen) < self.mask_prob  # (W, l)
         return tokens.masked_fill(mask, MASK_ID), tokens[mask], mask
 
     def state(self) -> Tensor:
@@ -130,6 +229,90 @@ class BatchSampler:
 
     def set_state(self, state: Tensor) -> None:
         self.gen.set_state(state)
+
+
+class Batch(NamedTuple):
+    """One training step's batch: W windows of one length l, W * l = batch * train_len."""
+
+    inputs: Tensor  # (W, l) long, masked positions set to MASK_ID
+    targets: Tensor  # (N,) the masked tokens, in row-major order
+    mask: Tensor  # (W, l) bool
+    positions: Tensor | None  # (W, l) long: each window's rotary positions; None: 0..l-1
+
+
+class TrainingBatches:
+    """Each step's :class:`Batch` under the training options of ``cfg`` (see
+    :class:`TrainConfig`): the windows and masks from a :class:`BatchSampler` seeded by ``seed``
+    (the default run's, draw for draw, when both options are off), the step's length
+    (``window_lengths``) and the windows' positions (``random_positions``) each from a generator
+    of its own, seeded from ``seed`` and its purpose. Every generator's state is in the
+    checkpoint (:meth:`state`), so a resumed run draws what an uninterrupted one would."""
+
+    def __init__(self, stream: Tensor, cfg: TrainConfig, train_len: int, seed: int):
+        check_training_options(cfg, train_len)
+        self.windows = BatchSampler(stream, train_len, cfg.batch, cfg.mask_prob, seed)
+        self.train_len, self.lengths, self.span = (
+            train_len,
+            cfg.window_lengths,
+            cfg.random_positions,
+        )
+        self.generators: dict[str, torch.Generator] = {}
+        if self.lengths:
+            self.generators["lengths"] = _own_generator(seed, "lengths")
+        if self.span:
+            self.generators["positions"] = _own_generator(seed, "positions")
+        self.copy_share, self.copy_length = cfg.copy_share, cfg.copy_length
+        if self.copy_share:
+            self.generators["copies"] = _own_generator(seed, "copies")
+
+    def next(self) -> Batch:
+        length = self._length()
+        inputs, targets, mask = self.windows.next(length)  # (W, l), (N,), (W, l)
+        if self.copy_share:
+            inputs, targets = self._with_copies(inputs, targets, mask)
+        return Batch(inputs, targets, mask, self._positions(len(inputs), length))
+
+    def _with_copies(self, inputs: Tensor, targets: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """The windows with copies planted (:func:`longrange.plant_training_copies`) under the
+        same masks: the masks do not depend on the text, so they stay as drawn."""
+        tokens = inputs.masked_scatter(mask, targets)  # (W, l) the unmasked text
+        gen = self.generators["copies"]
+        tokens = longrange.plant_training_copies(tokens, self.copy_share, self.copy_length, gen)
+        return tokens.masked_fill(mask, MASK_ID), tokens[mask]
+
+    def _length(self) -> int:
+        """This step's window length: one of ``window_lengths``, uniformly; else train_len."""
+        if not self.lengths:
+            return self.train_len
+        pick = torch.randint(len(self.lengths), (1,), generator=self.generators["lengths"])
+        return self.lengths[int(pick)]
+
+    def _positions(self, windows: int, length: int) -> Tensor | None:
+        """``windows`` rows of ``length`` distinct positions from 0..P-1, each sorted (the
+        indices of the ``length`` largest of P uniform draws: a uniform random subset), or None
+        when random positions are off."""
+        if not self.span:
+            return None
+        gen = self.generators["positions"]
+        keys = torch.rand((windows, self.span), generator=gen, dtype=torch.float64)  # (W, P)
+        return keys.topk(length, dim=1).indices.sort(dim=1).values  # (W, l) long
+
+    def state(self) -> dict[str, Tensor]:
+        """The generators' states: ``windows`` (the sampler's) and those of the options on."""
+        own = {name: gen.get_state() for name, gen in self.generators.items()}
+        return {"windows": self.windows.state(), **own}
+
+    def set_state(self, state: Mapping[str, Tensor]) -> None:
+        self.windows.set_state(state["windows"])
+        for name, gen in self.generators.items():
+            gen.set_state(state[name])
+
+
+def _own_generator(seed: int, purpose: str) -> torch.Generator:
+    """A generator for one kind of draw, seeded from the run's ``seed`` and ``purpose`` (a hash:
+    no two purposes or seeds share a stream)."""
+    digest = hashlib.sha256(f"{seed}:{purpose}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
 @dataclass(frozen=True)
@@ -178,20 +361,31 @@ class HeldoutProbe:
             model.train(was_training)
 
 
-def masked_loss(model: nn.Module, inputs: Tensor, targets: Tensor, mask: Tensor) -> Tensor:
+def masked_loss(
+    model: nn.Module, inputs: Tensor, targets: Tensor, mask: Tensor, positions: Tensor | None = None
+) -> Tensor:
     """Mean cross-entropy over the masked positions; only those go through the last FFN and the
-    classifier (``MLMEncoder.hidden_at``)."""
-    hidden = model.hidden_at(inputs, mask)  # (N, C)
+    classifier (``MLMEncoder.hidden_at``). ``positions``: the windows' rotary positions [B, L]
+    (None: 0..L-1)."""
+    if positions is None:  # a model whose mixers take no positions is called as before
+        hidden = model.hidden_at(inputs, mask)  # (N, C)
+    else:
+        hidden = model.hidden_at(inputs, mask, positions)  # (N, C)
     return F.cross_entropy(model.logits(hidden), targets)  # logits (N, 256)
 
 
 def share_loss(
-    model: nn.Module, batch: tuple[Tensor, Tensor, Tensor], share: slice, device: torch.device
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor, Tensor],
+    share: slice,
+    device: torch.device,
+    positions: Tensor | None = None,
 ) -> Tensor:
     """One rank's part of the batch's :func:`masked_loss`: the summed cross-entropy of the masked
     tokens in its windows ``share``, over the masked-token count of the WHOLE batch (known to
     every rank, since every rank draws the whole batch). Summed over the ranks, these losses and
-    their gradients are the whole batch's mean, whatever the split."""
+    their gradients are the whole batch's mean, whatever the split. ``positions``: the whole
+    batch's rotary positions [B, L] (None: 0..L-1)."""
     inputs, targets, mask = batch  # (B, L), (N,), (B, L) on the CPU
     total = targets.numel()  # N: the whole batch's masked tokens
     first = int(mask[: share.start].sum())  # targets are the masked tokens in row-major order
@@ -199,7 +393,10 @@ def share_loss(
     inputs = inputs[share].to(device, non_blocking=True)  # (b, L)
     mask = mask[share].to(device, non_blocking=True)  # (b, L)
     targets = targets[first : first + count].to(device, non_blocking=True)  # (n,)
-    hidden = model.hidden_at(inputs, mask)  # (n, C)
+    if positions is None:
+        hidden = model.hidden_at(inputs, mask)  # (n, C)
+    else:
+        hidden = model.hidden_at(inputs, mask, positions[share].to(device, non_blocking=True))
     logits = model.logits(hidden)  # (n, 256)
     return F.cross_entropy(logits, targets, reduction="sum") / total
 
@@ -375,9 +572,9 @@ def train(
     """
     if log_every < 1:
         raise AttnbenchError(f"invalid log_every={log_every}; accepted: >= 1")
+    check_training_options(cfg, train_len, model)
     progress = progress or Silent()
-    sampler = BatchSampler(stream, train_len, cfg.batch, cfg.mask_prob, seed)
-    share = dist.share(cfg.batch) if dist is not None else None  # this rank's windows
+    sampler = TrainingBatches(stream, cfg, train_len, seed)
     device = next(model.parameters()).device
     opt = make_optimizer(model, cfg)
     start, elapsed, history = _restore(resume, model, opt, sampler)
@@ -397,7 +594,7 @@ def train(
     try:
         with StopFlag().installed() as stop:
             while step < cfg.steps:
-                loss_value = _train_step(model, opt, sampler, cfg, step, device, dist, share)
+                loss_value = _train_step(model, opt, sampler, cfg, step, device, dist)
                 step += 1
                 smooth = loss_value if smooth is None else 0.98 * smooth + 0.02 * loss_value
                 run_s = time.perf_counter() - t0
@@ -426,7 +623,10 @@ def train(
 
 
 def _restore(
-    resume: dict[str, Any] | None, model: nn.Module, opt: torch.optim.Optimizer, sampler
+    resume: dict[str, Any] | None,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    sampler: TrainingBatches,
 ) -> tuple[int, float, list]:
     """Load ``resume`` (a checkpoint, or None to start afresh) into the model, the optimiser,
     the sampler and the global generators; returns (step, training time so far, history)."""
@@ -434,14 +634,16 @@ def _restore(
         return 0, 0.0, []
     model.load_state_dict(resume["model"])
     opt.load_state_dict(resume["optim"])
-    sampler.set_state(resume["rng"]["sampler"])
-    torch.set_rng_state(resume["rng"]["torch"])
-    random.setstate(_python_state(resume["rng"]["python"]))
+    rng = resume["rng"]
+    sampler.set_state({"windows": rng["sampler"], **rng.get("options", {})})
+    torch.set_rng_state(rng["torch"])
+    random.setstate(_python_state(rng["python"]))
     return resume["step"], resume["train_time_s"], list(resume["history"])
 
 
 def _checkpoint(key, step, done, model, opt, sampler, train_time_s, loss, history) -> dict:
     """Everything a checkpoint holds (see the module docstring)."""
+    state = sampler.state()
     return {
         "format": CHECKPOINT_FORMAT,
         "key": dict(key),
@@ -450,8 +652,9 @@ def _checkpoint(key, step, done, model, opt, sampler, train_time_s, loss, histor
         "done": done,
         "model": model.state_dict(),
         "optim": opt.state_dict(),
-        "rng": {
-            "sampler": sampler.state(),
+        "rng": {  # "sampler": the windows' generator; "options": those of the options on
+            "sampler": state.pop("windows"),
+            "options": state,
             "torch": torch.get_rng_state(),
             "python": random.getstate(),
         },
@@ -461,16 +664,19 @@ def _checkpoint(key, step, done, model, opt, sampler, train_time_s, loss, histor
     }
 
 
-def _train_step(model, opt, sampler, cfg: TrainConfig, step: int, device, dist, share) -> float:
-    """Optimiser step ``step`` (0-based) on the next batch (this rank's ``share`` of it under
-    torchrun); returns the batch's loss (the whole batch's, summed over the ranks)."""
+def _train_step(
+    model, opt, sampler: TrainingBatches, cfg: TrainConfig, step: int, device, dist
+) -> float:
+    """Optimiser step ``step`` (0-based) on the next batch (this rank's share of its windows
+    under torchrun); returns the batch's loss (the whole batch's, summed over the ranks)."""
     for group in opt.param_groups:
         group["lr"] = lr_at(step, cfg)
+    batch = sampler.next()
     if dist is None:
-        batch = [t.to(device, non_blocking=True) for t in sampler.next()]
-        loss = masked_loss(model, *batch)
+        loss = masked_loss(model, *(_to(t, device) for t in batch))
     else:  # every rank draws the whole batch: the sampler stays in step everywhere
-        loss = share_loss(model, sampler.next(), share, device)
+        share = dist.share(len(batch.inputs))  # this rank's windows (W depends on the length)
+        loss = share_loss(model, batch[:3], share, device, batch.positions)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if dist is not None:
@@ -516,6 +722,10 @@ class _CurveRecorder:
         if self.on_log is not None:
             self.on_log(point)
         return probe_s
+
+
+def _to(tensor: Tensor | None, device: torch.device) -> Tensor | None:
+    return None if tensor is None else tensor.to(device, non_blocking=True)
 
 
 def _wait_for_main(dist: DataParallel | None) -> None:

@@ -284,8 +284,16 @@ def resolve_device(name: str, source: str = "--device") -> torch.device:
     return device
 
 
-def git_state() -> dict[str, Any]:
-    """sha, branch and dirty flag of the checkout the attnbench package was imported from."""
+#: At most this many changed files are named in a git state.
+CHANGED_LISTED = 40
+
+
+def git_state(outputs: Path | None = None) -> dict[str, Any]:
+    """sha, branch and dirty flag of the checkout the attnbench package was imported from, and
+    which tracked files differ from that sha (``changed``, relative to the checkout, at most
+    CHANGED_LISTED of them). Files under ``outputs`` (the run's own output folder, when it is
+    inside the checkout: a committed result being remade) are listed apart (``outputs_changed``)
+    and do not make the checkout dirty: the code that ran is what ``dirty`` is about."""
     root = Path(attnbench.__file__).resolve().parent.parent
 
     def git(*args: str) -> str | None:
@@ -295,14 +303,32 @@ def git_state() -> dict[str, Any]:
             )
         except (OSError, subprocess.SubprocessError):
             return None
-        return done.stdout.strip() if done.returncode == 0 else None
+        return done.stdout if done.returncode == 0 else None  # porcelain lines start with " "
 
     sha = git("rev-parse", "HEAD")
     if sha is None:
         return {"sha": None, "branch": None, "dirty": None}
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {
-        "sha": sha,
-        "branch": git("rev-parse", "--abbrev-ref", "HEAD"),
-        "dirty": bool(status) if status is not None else None,
+    branch = git("rev-parse", "--abbrev-ref", "HEAD")
+    state: dict[str, Any] = {"sha": sha.strip(), "branch": branch.strip() if branch else None}
+    if status is None:
+        return state | {"dirty": None}
+    changed = [line[3:].split(" -> ")[-1] for line in status.splitlines() if line.strip()]
+    inside = _inside(root, outputs)
+    own = [f for f in changed if inside is not None and (f + "/").startswith(inside + "/")]
+    code = [f for f in changed if f not in own]
+    return state | {
+        "dirty": bool(code),
+        "changed": code[:CHANGED_LISTED] + (["..."] if len(code) > CHANGED_LISTED else []),
+        "outputs_changed": len(own),
     }
+
+
+def _inside(root: Path, folder: Path | None) -> str | None:
+    """``folder`` relative to ``root`` (posix), or None when it is not inside it."""
+    if folder is None:
+        return None
+    try:
+        return Path(folder).resolve().relative_to(root).as_posix()
+    except ValueError:
+        return None

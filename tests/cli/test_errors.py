@@ -125,6 +125,18 @@ BAD_INVOCATIONS: list[tuple[list[str], dict[str, str], str]] = [
         {"bom.csv": bom_results(",".join(c for c in COLUMNS if c != "reason") + "\n")},
         "bom.csv: results schema differs from this attnbench (missing reason); re-run",
     ),
+    # Issue 36: attnbench report, a folder missing, without its CSV, or with an empty table.
+    (["report", "nope", "."], {}, "nope: no such folder; give the --out folder of `attnbench run"),
+    (["report", ".", "."], {}, ". has no extrapolate.csv; give the --out folder of `attnbench"),
+    (
+        ["report", ".", "."],
+        {
+            "extrapolate.csv": "variant,kind,applied_to,mechanism,path,params,seed,train_len,"
+            "eval_len,accuracy,status\n"
+        },
+        "extrapolate.csv has no rows: nothing to report",
+    ),
+    (["report", ".", ".", "--direction", "both"], {}, "--direction 'both': accepted: fwd, fwdbwd"),
 ]
 
 

@@ -69,9 +69,9 @@ def test_end_to_end_outputs(trained):
     df = pd.read_csv(out / "extrapolate.csv")
     trained_rows = ["O", "E", "gqa(kv_heads=1)"]
     eval_rows = [f"O+{t}" for t in load_preset("cpu").run.eval_time]
-    order = ["O", *eval_rows, "E", "gqa(kv_heads=1)", "count-baseline"]
+    order = ["O", *eval_rows, "E", "gqa(kv_heads=1)", "count-baseline", "count-backoff"]
     assert list(dict.fromkeys(df["variant"])) == order
-    assert len(df) == (len(trained_rows) + len(eval_rows) + 1) * 3
+    assert len(df) == (len(trained_rows) + len(eval_rows) + 2) * 3
     assert (df["status"] == "ok").all()
     assert set(df["kind"]) == {"trained", "eval-time", "baseline"}
     assert (df[df["kind"] == "eval-time"]["applied_to"] == "O").all()
@@ -120,7 +120,7 @@ def test_eval_only_reuses_checkpoints(trained):
     assert res.exit_code == 0, res.output
     after = pd.read_csv(out / "extrapolate.csv")
     assert set(after["variant"]) == {
-        "O", "O+chunk", "O+ntk+logn", "E", "gqa(kv_heads=1)", "count-baseline"
+        "O", "O+chunk", "O+ntk+logn", "E", "gqa(kv_heads=1)", "count-baseline", "count-backoff"
     }  # fmt: skip
     assert set(after["eval_len"]) == {16, 32}
     key = ["variant", "seed", "eval_len"]
@@ -171,8 +171,13 @@ def test_entropy_suite(trained, tmp_path):
     df = pd.read_csv(tmp_path / "entropy.csv")
     assert set(df["source"]) == {"random", "random-scale", "model"}
     assert sorted(df["n"].unique()) == [16, 32, 64, 128, 256]
-    regime = res.fit["seed_regime"]  # Su 2021's regime: its expression's slope is ~0.2-0.3
-    assert 0.15 < regime["theory_c"] < 0.35 and regime["lambda_d_range"] == [16.0, 64.0]
+    regime = res.fit["seed_regime"]  # the sweep, fitted where the n -> infinity expression holds
+    assert 12.0 < regime["bound"] < 14.0 and regime["lambda_d_range"] == [8.0, 12.0]
+    assert 0.1 < regime["theory_c"] < 0.2 and abs(regime["c"] - regime["theory_c"]) < 0.03
+    sweep = df[df["source"] == "random-scale"]
+    assert (sweep["in_fit"] == (sweep["lambda_d"] <= regime["bound"])).all()
+    assert sweep["lambda_d"].max() == 64.0  # the points outside the fit stay in the CSV
+    assert f"beyond lambda*d ~ {regime['bound']:.1f} at n = 256" in res.text
     assert 0.04 < res.fit["theory_c"] < 0.2  # flatter at the lambda*d of O and E, n <= 256
     assert [m["layer"] for m in res.fit["models"]] == [0]
     assert "Su 2021's own expression" in res.text and "regime" in res.text
@@ -193,6 +198,7 @@ def test_entropy_cli_without_checkpoints(tmp_path, monkeypatch):
     )  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "trained-model part" in res.output and "skipped" in res.output
+    assert "no fit, 1 point(s) inside the expression's domain" in res.output  # n = 64: 8 only
     assert (tmp_path / "entropy.csv").exists()
     # a folder named explicitly must exist: a typo is an error, not a silent skip
     res = invoke("entropy", "--out", str(tmp_path), "--checkpoints", str(tmp_path / "none"))

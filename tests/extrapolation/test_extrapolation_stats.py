@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation import stats
 from attnbench.extrapolation.baseline import ContextCounts
 
@@ -107,3 +108,69 @@ def test_bootstrap_is_the_plain_paired_resampling_of_pieces():
     got = bootstrap_difference(masked, correct, base, draws=500, seed=7)
     assert got == pytest.approx(tuple(expected), abs=1e-9)
     assert bootstrap_difference([150], [90], [60]) == (20.0, 20.0)
+
+
+def _t2_cdf(t: float) -> float:
+    """Student's t CDF with 2 degrees of freedom, in closed form: 1/2 + t / (2 sqrt(2 + t^2))."""
+    return 0.5 + t / (2.0 * math.sqrt(2.0 + t * t))
+
+
+def _t2_quantile(p: float) -> float:
+    """Its inverse, in closed form: (2p - 1) / sqrt(2 p (1 - p))."""
+    return (2.0 * p - 1.0) / math.sqrt(2.0 * p * (1.0 - p))
+
+
+def test_tost_against_a_hand_computed_case():
+    """Three differences 0.1, -0.3, 0.5 (mean 0.1, sd 0.4) against ±1.5: the two one-sided
+    t-tests and the 90 % interval from the df = 2 closed forms, in float64."""
+    values = [0.1, -0.3, 0.5]
+    se = 0.4 / math.sqrt(3.0)
+    p_above = 1.0 - _t2_cdf((0.1 + 1.5) / se)  # H0: mean <= -1.5
+    p_below = _t2_cdf((0.1 - 1.5) / se)  # H0: mean >= +1.5
+    half = _t2_quantile(0.95) * se
+    got = stats.equivalence(values, 1.5)
+    assert got.p == pytest.approx(max(p_above, p_below), rel=1e-9)
+    assert (got.low, got.high) == pytest.approx((0.1 - half, 0.1 + half), rel=1e-9)
+    assert got.equivalent and got.text().startswith("equivalent within ±1.5 (TOST p = ")
+    assert "90 % interval" in got.text()
+
+
+def test_tost_is_the_90_percent_interval_inside_the_margin():
+    """Equivalent at 0.05 exactly when the 90 % t-interval lies inside (-margin, +margin); a
+    wide, non-significant difference is "not shown equivalent", never "equal"."""
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(50):
+        values = (torch.randn(4, generator=gen, dtype=torch.float64) * 0.8 + 0.3).tolist()
+        got = stats.equivalence(values, 1.0)
+        inside = got.low > -1.0 and got.high < 1.0
+        assert got.equivalent == inside
+    wide = stats.equivalence([1.0, -1.2, 2.5], 1.5)
+    assert not stats.paired([1.0, -1.2, 2.5]).significant  # no significant difference...
+    assert not wide.equivalent and wide.text().startswith("not shown equivalent within ±1.5")
+    assert "equal" not in wide.text()  # ... and still not "equal"
+    assert "no equivalence test" in stats.equivalence([0.2], 1.5).text()
+    assert stats.equivalence([0.2, 0.2, 0.2], 1.5).p == 0.0  # no spread, inside
+    assert stats.equivalence([2.0, 2.0], 1.5).p == 1.0  # no spread, outside
+    with pytest.raises(AttnbenchError):
+        stats.equivalence([0.1, 0.2], 0.0)
+
+
+def test_sign_counts_follow_the_mean():
+    up = stats.paired([1.0, -2.0, 3.0])
+    assert (up.positive, up.negative) == (2, 1) and up.signs() == "2/3 seeds positive"
+    down = stats.paired([-1.0, -2.0, 0.5])
+    assert down.signs() == "2/3 seeds negative"
+    ties = stats.paired([0.0, 2.0, 0.0])  # zeros count for neither sign
+    assert (ties.positive, ties.negative) == (1, 0) and ties.signs() == "1/3 seeds positive"
+    assert stats.paired([0.0, 0.0, 0.0]).signs() == "3/3 seeds zero"
+
+
+@pytest.mark.parametrize("seeds", [1, 3, 5, 6, 8])
+def test_smallest_sign_p_is_that_of_all_signs_alike(seeds):
+    """Over all 2^m equally likely sign patterns, the two-sided sign test p of "all positive" is
+    the share of patterns at least as far from m/2: the two all-alike ones."""
+    from itertools import product
+
+    far = sum(abs(sum(s) - seeds / 2) >= seeds / 2 for s in product((0, 1), repeat=seeds))
+    assert stats.smallest_sign_p(seeds) == pytest.approx(far / 2**seeds)
+    assert (stats.smallest_sign_p(seeds) < 0.05) == (seeds >= stats.SIGN_TEST_SEEDS)

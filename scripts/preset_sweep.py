@@ -1,0 +1,180 @@
+"""What buys the `cpu` extrapolation preset the most accuracy per CPU-minute (issue 32).
+
+Each candidate is a set of ``--set`` overrides of the `cpu` preset. Two measurements, kept apart
+because they need different conditions:
+
+* ``cost``: the time of one training step of every candidate, measured side by side in one
+  process on one thread, interleaved round by round (so load hits every candidate alike), as a
+  ratio to the first candidate. A candidate's training cost is its step ratio x its steps.
+* ``train``: each candidate trained as seed 0 of O by ``attnbench run extrapolate`` (one thread,
+  ``--jobs`` at once) and evaluated at the training length on the table's masks; the run also
+  writes the fair count floor counted from that candidate's own training batches. Accuracy does
+  not depend on load, so these may run on a busy machine.
+
+``table`` joins both into ``sweep.csv`` and ``sweep.md`` under ``--out``::
+
+    python scripts/preset_sweep.py cost --out results/extrapolate/preset-sweep
+    python scripts/preset_sweep.py train --out results/extrapolate/preset-sweep --jobs 2
+    python scripts/preset_sweep.py table --out results/extrapolate/preset-sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+#: name -> overrides of the cpu preset. "base" is the preset as it was (the committed table's).
+CANDIDATES: dict[str, dict[str, str]] = {
+    "base": {},
+    "lr3e-3": {"train.lr": "3e-3"},
+    "4layers": {"model.layers": "4", "train.steps": "1700"},
+    "d192": {"model.d_model": "192", "model.heads": "3", "train.steps": "2000"},
+    "d256": {"model.d_model": "256", "model.heads": "4", "train.steps": "1200"},
+    "mask0.25": {"train.mask_prob": "0.25", "eval.mask_prob": "0.15"},
+    "mask0.3": {"train.mask_prob": "0.3", "eval.mask_prob": "0.15"},
+    "mask0.4": {"train.mask_prob": "0.4", "eval.mask_prob": "0.15"},
+    "heads4": {"model.heads": "4"},
+    "heads8": {"model.heads": "8"},
+    "heads4-mask0.4": {"model.heads": "4", "train.mask_prob": "0.4", "eval.mask_prob": "0.15"},
+    "heads8-mask0.4": {"model.heads": "8", "train.mask_prob": "0.4", "eval.mask_prob": "0.15"},
+    "heads16": {"model.heads": "16"},
+    "heads8-3layers": {"model.heads": "8", "model.layers": "3", "train.steps": "2400"},
+}
+
+
+def _config(overrides: dict[str, str]):
+    from attnbench.extrapolation.config import load_preset
+
+    return load_preset("cpu").override(overrides)
+
+
+def cost(args) -> None:
+    """Median step time per candidate, interleaved, one thread."""
+    from attnbench.extrapolation.config import VARIANTS
+    from attnbench.extrapolation.model import build_model
+    from attnbench.extrapolation.plan import RunOptions, read_inputs
+    from attnbench.extrapolation.train import BatchSampler, make_optimizer, masked_loss
+
+    torch.set_num_threads(1)
+    base = _config({})
+    stream = read_inputs(base, RunOptions(out=args.out, log=lambda m: None)).split.train
+    setups = {}
+    for name, over in CANDIDATES.items():
+        cfg = _config(over)
+        torch.manual_seed(0)
+        model = build_model(cfg.model, VARIANTS["O"])
+        sampler = BatchSampler(stream, cfg.model.train_len, cfg.train.batch, cfg.train.mask_prob, 0)
+        setups[name] = (model, make_optimizer(model, cfg.train), sampler, cfg)
+    times: dict[str, list[float]] = {name: [] for name in setups}
+    for rnd in range(args.rounds):
+        for name, (model, opt, sampler, _) in setups.items():
+            started = time.perf_counter()
+            for _ in range(args.steps):
+                loss = masked_loss(model, *sampler.next())
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            if rnd:  # the first round warms up
+                times[name].append((time.perf_counter() - started) / args.steps)
+    ref = statistics.median(times["base"])
+    rows = []
+    for name, (_, _, _, cfg) in setups.items():
+        step = statistics.median(times[name])
+        rows.append(
+            {
+                "candidate": name,
+                "step_ms": round(1000 * step, 2),
+                "step_ms_spread": round(1000 * (max(times[name]) - min(times[name])), 2),
+                "step_ratio": round(step / ref, 3),
+                "steps": cfg.train.steps,
+                "cost_ratio": round(step / ref * cfg.train.steps / base.train.steps, 3),
+            }
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(args.out / "cost.csv", index=False)
+    print(pd.DataFrame(rows).to_string(index=False))
+
+
+def _command(name: str, overrides: dict[str, str], out: Path) -> list[str]:
+    cmd = [sys.executable, "-m", "attnbench", "run", "extrapolate", "--variants", "O"]
+    cmd += ["--eval-time", "none", "--threads", "1", "--out", str(out / "runs" / name)]
+    cmd += ["--resume", "--set", "eval.lengths=64"]
+    for key, value in overrides.items():
+        cmd += ["--set", f"{key}={value}"]
+    return cmd
+
+
+def train(args) -> None:
+    """Train the candidates, ``--jobs`` at once (each on one thread)."""
+    todo = [n for n in CANDIDATES if not args.only or n in args.only]
+    running: list[tuple[str, subprocess.Popen]] = []
+    while todo or running:
+        while todo and len(running) < args.jobs:
+            name = todo.pop(0)
+            log = open(args.out / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
+            cmd = _command(name, CANDIDATES[name], args.out)
+            print("start", name, " ".join(cmd[1:]), flush=True)
+            running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)))
+        time.sleep(5)
+        for name, proc in list(running):
+            if proc.poll() is not None:
+                print("done", name, "exit", proc.returncode, flush=True)
+                running.remove((name, proc))
+
+
+def table(args) -> None:
+    """sweep.csv / sweep.md: accuracy, floor and cost per candidate."""
+    costs = pd.read_csv(args.out / "cost.csv").set_index("candidate")
+    rows = []
+    for name, over in CANDIDATES.items():
+        csv = args.out / "runs" / name / "extrapolate.csv"
+        if not csv.exists():
+            continue
+        df = pd.read_csv(csv)
+        at = df[df["eval_len"] == df["train_len"]]
+        model = at[at["variant"] == "O"]["accuracy"].iloc[0]
+        floor = at[at["variant"] == "count-baseline"]["accuracy"].iloc[0]
+        sidecar = json.loads((args.out / "runs" / name / "extrapolate.json").read_text())
+        minutes = [t["train_time_s"] / 60 for t in sidecar.get("trainings", [])]
+        rows.append(
+            {
+                "candidate": name,
+                "overrides": " ".join(f"{k}={v}" for k, v in over.items()) or "(preset as was)",
+                "accuracy_at_L": round(model, 2),
+                "fair_floor_at_L": round(floor, 2),
+                "margin": round(model - floor, 2),
+                "cost_ratio": costs.loc[name, "cost_ratio"] if name in costs.index else None,
+                "train_min_loaded": round(minutes[0], 1) if minutes else None,
+            }
+        )
+    frame = pd.DataFrame(rows)
+    frame.to_csv(args.out / "sweep.csv", index=False)
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
+    lines += ["| " + " | ".join(str(v) for v in r) + " |" for r in frame.itertuples(index=False)]
+    (args.out / "sweep.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("what", choices=["cost", "train", "table"])
+    parser.add_argument("--out", type=Path, default=Path("runs/preset-sweep"))
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--only", nargs="*", default=[])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=5)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    {"cost": cost, "train": train, "table": table}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()
