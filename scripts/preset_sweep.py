@@ -47,6 +47,20 @@ CANDIDATES: dict[str, dict[str, str]] = {
     "heads8-mask0.4": {"model.heads": "8", "train.mask_prob": "0.4", "eval.mask_prob": "0.15"},
     "heads16": {"model.heads": "16"},
     "heads8-3layers": {"model.heads": "8", "model.layers": "3", "train.steps": "2400"},
+    "heads8-mask0.5": {"model.heads": "8", "train.mask_prob": "0.5", "eval.mask_prob": "0.15"},
+    "heads8-mask0.4-b32": {
+        "model.heads": "8",
+        "train.mask_prob": "0.4",
+        "eval.mask_prob": "0.15",
+        "train.batch": "32",
+        "train.steps": "6000",
+    },
+    "heads8-mask0.4-3900": {
+        "model.heads": "8",
+        "train.mask_prob": "0.4",
+        "eval.mask_prob": "0.15",
+        "train.steps": "3900",
+    },
 }
 
 
