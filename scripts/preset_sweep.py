@@ -55,6 +55,27 @@ CANDIDATES: dict[str, dict[str, str]] = {
         "train.batch": "32",
         "train.steps": "6000",
     },
+    "heads8-mask0.4-b32-7800": {
+        "model.heads": "8",
+        "train.mask_prob": "0.4",
+        "eval.mask_prob": "0.15",
+        "train.batch": "32",
+        "train.steps": "7800",
+    },
+    "heads8-mask0.5-b32": {
+        "model.heads": "8",
+        "train.mask_prob": "0.5",
+        "eval.mask_prob": "0.15",
+        "train.batch": "32",
+        "train.steps": "6000",
+    },
+    "heads8-mask0.4-b16": {
+        "model.heads": "8",
+        "train.mask_prob": "0.4",
+        "eval.mask_prob": "0.15",
+        "train.batch": "16",
+        "train.steps": "12000",
+    },
     "heads8-mask0.4-3900": {
         "model.heads": "8",
         "train.mask_prob": "0.4",
