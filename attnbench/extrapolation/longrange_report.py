@@ -163,6 +163,7 @@ def figure(standard: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], t
     import matplotlib.pyplot as plt
 
     cells = pd.DataFrame(cell_rows(rows))
+    lengths = sorted({int(r["eval_len"]) for r in standard})
     panels = [
         ("standard span", report.summarise(standard), None),
         (
@@ -194,13 +195,7 @@ def figure(standard: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], t
             for variant, g in no_copy.groupby("variant", sort=False):
                 g = g.sort_values("eval_len")
                 ax.plot(g["eval_len"], g["mean"], linestyle=":", color=colour.get(variant))
-        ax.axvline(train_len, color="grey", linewidth=0.8, alpha=0.6)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(f"evaluation length n (trained at L = {train_len})")
-        ax.set_ylabel("masked-token accuracy (%)")
-        ax.set_title(name, fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        report.length_axis(ax, lengths, train_len, name)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     save_figure(fig, path, dpi=130)

@@ -555,19 +555,24 @@ def figure(
                     marker=".",
                     label=f"{pname} (published, other data)",
                 )
-        ax.axvline(train_len, color="grey", linewidth=0.8, alpha=0.6)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(list(lengths))
-        ax.set_xticklabels([str(n) for n in lengths])
-        ax.set_xlabel(f"evaluation length n (trained at L = {train_len})")
-        ax.set_ylabel("masked-token accuracy (%)")
-        ax.set_title(panel.title, fontsize=9)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+        length_axis(ax, lengths, train_len, panel.title)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
     plt.close(fig)
+
+
+def length_axis(ax: Any, lengths: Sequence[int], train_len: int, title: str) -> None:
+    """An accuracy-against-length panel's axes: log2 n with the lengths as ticks, L marked."""
+    ax.axvline(train_len, color="grey", linewidth=0.8, alpha=0.6)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(lengths))
+    ax.set_xticklabels([str(n) for n in lengths])
+    ax.set_xlabel(f"evaluation length n (trained at L = {train_len})")
+    ax.set_ylabel("masked-token accuracy (%)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
 
 
 #: Columns that make a CSV an extrapolation table (``extrapolate.csv`` of ``run extrapolate``).
