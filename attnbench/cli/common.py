@@ -16,6 +16,7 @@ from rich.console import Console
 from typer.core import TyperGroup
 
 from attnbench.core.errors import AttnbenchError
+from attnbench.runtime.interrupts import Stopped
 
 #: Data goes to stdout (the terminal's width; when piped, $COLUMNS or 120); messages to stderr.
 out = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS") or 120))
@@ -53,11 +54,16 @@ class Choice(str, Enum):
 class Group(TyperGroup):
     """Turns the library's AttnbenchError, raised anywhere below a command, and a value outside
     a fixed-choice option's choices, into one line on stderr and exit code 2, with no
-    traceback."""
+    traceback; and Ctrl-C (SIGTERM too: :func:`attnbench.cli.app.main`) that a command did
+    not report itself into one line saying what it stopped and what is kept, and exit code 130
+    (Typer would exit 130 saying nothing)."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt as e:
+            typer.echo(interrupted_line(e, ctx), err=True)
+            raise typer.Exit(INTERRUPTED) from None
         except AttnbenchError as e:
             raise fail(str(e)) from None
         except typer.BadParameter as e:
@@ -72,6 +78,17 @@ class Group(TyperGroup):
                 "out of memory: this machine cannot hold what was asked; try a shorter --n, "
                 "a smaller batch or fewer heads"
             ) from None
+
+
+def interrupted_line(e: KeyboardInterrupt, ctx: typer.Context) -> str:
+    """The one line for a command that Ctrl-C stopped: the library's own when it raised
+    :class:`Stopped` (``interrupted during evaluation; 3 finished rows are in ...``), else
+    which command stopped, and that the files it finished writing are kept (files are written
+    whole or not at all: :mod:`attnbench.runtime.outputs`)."""
+    if isinstance(e, Stopped):
+        return str(e)
+    command = " ".join(filter(None, (ctx.command_path, ctx.invoked_subcommand)))
+    return f"interrupted `{command}` before it finished; the files it finished writing are kept"
 
 
 def bad_choice_line(e: typer.BadParameter) -> str | None:

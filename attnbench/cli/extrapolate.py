@@ -11,12 +11,11 @@ import typer
 
 from attnbench.cli.common import Choice, err, fail, out, parse_params
 from attnbench.core.errors import AttnbenchError
+from attnbench.runtime.interrupts import Stopped
 
 if TYPE_CHECKING:  # torch and the library are imported inside the commands (fast --help)
     from attnbench.extrapolation.config import ExtrapConfig
     from attnbench.extrapolation.plan import RunOptions
-
-INTERRUPTED = 130
 
 
 class Executor(Choice):
@@ -61,8 +60,9 @@ ParamOption = Annotated[
 EvalTimeOption = Annotated[
     str | None,
     typer.Option(
-        help="Eval-time rows on the trained O, comma-separated (logn, temperature, yarn, "
-        "local, chunk, ntk, pi, rerope; compose with +, e.g. rerope+logn; 'none')."
+        help="Eval-time rows on the trained O, comma-separated (logn, logn^P, temperature, "
+        "yarn, yarn-dim, local, chunk, ntk, pi, rerope, leaky, hwfa; compose with +, e.g. "
+        "rerope+logn; rerope@W / leaky@W: this row's window W, e.g. rerope@48+logn; 'none')."
     ),
 ]
 CorpusOption = Annotated[
@@ -258,12 +258,10 @@ def extrapolate(
         return
     try:
         result = run_extrapolate(cfg, opts)
-    except Interrupted as e:
-        typer.echo(
-            f"interrupted at step {e.step}/{e.total}; checkpoint {e.path}; continue with --resume",
-            err=True,
-        )
-        raise typer.Exit(INTERRUPTED) from None
+    except Interrupted as e:  # said as every interrupt is (Group)
+        raise Stopped(
+            f"at step {e.step}/{e.total}", f"checkpoint {e.path}; continue with --resume"
+        ) from None
     if opts.train_only:  # no table: the run's last line said where the checkpoints are
         return
     out.print(result.table, markup=False, highlight=False)

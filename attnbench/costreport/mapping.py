@@ -10,9 +10,10 @@ Two tables, each entry a :class:`Route` (mechanism, path, parameters, a one-line
   a trick that only rescales the scores or changes the rotary frequencies (``rescale_only``)
   adds O(n d) work to whatever the others run, so a row is costed by its one trick that is not
   rescale-only (dense SDPA when all are). Two tricks with different paths: not joined. A
-  ``^P`` suffix (``logn^2``) is a setting of its trick; an older name (``yarn-temp``) is read
-  as today's. A trick that runs another path in the model's last layer (HWFA: local windows,
-  then full attention) says so (``last_layer``): its time is the mean over the model's layers.
+  ``^P`` suffix (``logn^2``) or an ``@W`` suffix (``rerope@48``: the row's window) is a setting
+  of its trick; an older name (``yarn-temp``) is read as today's. A trick that runs another
+  path in the model's last layer (HWFA: local windows, then full attention) says so
+  (``last_layer``): its time is the mean over the model's layers.
 
 Parameter values of a route may name the row's settings: ``{train_len}`` (L),
 ``{local_window}`` and ``{rerope_window}`` (the evaluation windows, from the run's sidecar).
@@ -32,7 +33,7 @@ from typing import Any
 from attnbench import registry
 from attnbench.bench.results import params_text
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.tricks import RENAMED
+from attnbench.extrapolation.tricks import RENAMED, WINDOW_MARK
 
 #: ``params=None`` in a route: the row's own parameters.
 ROW_PARAMS = None
@@ -254,13 +255,19 @@ def _row_params(row: Row) -> dict[str, Any]:
 
 
 def tricks_of(row: Row) -> list[str]:
-    """``O+rerope+logn`` applied to O -> ``["rerope", "logn"]``."""
+    """``O+rerope@48+logn`` applied to O -> ``["rerope", "logn"]``."""
     base = row.applied_to or "O"
     label = row.variant.removeprefix(f"{base}+")
-    # A ``^P`` suffix is a setting of its trick (``logn^2``: the power), not another trick; an
-    # older table's name is read as today's (``yarn-temp``: ``temperature``).
-    names = [t.strip().partition("^")[0] for t in label.split("+") if t.strip()]
+    # A ``^P`` or ``@W`` suffix is a setting of its trick (``logn^2``: the power; ``rerope@48``:
+    # the window, on which ReRoPE's cost does not depend), not another trick; an older table's
+    # name is read as today's (``yarn-temp``: ``temperature``).
+    names = [_bare(t) for t in label.split("+") if t.strip()]
     return [RENAMED.get(name, name) for name in names]
+
+
+def _bare(trick: str) -> str:
+    """``logn^2`` -> ``logn``, ``rerope@48`` -> ``rerope``: the trick without its setting."""
+    return trick.strip().partition("^")[0].partition(WINDOW_MARK)[0]
 
 
 def _eval_time(row: Row, context: Context) -> Cost:

@@ -76,7 +76,7 @@ class EvalConfig(Checked):
     rerope_window: int = setting(
         0,
         'eval-time "rerope" and "leaky": relative positions clipped (compressed) beyond +-w; '
-        "0 means L/2",
+        "0 means L/2; a row's rerope@W / leaky@W sets its own w",
         valid=at_least(0),
     )
     yarn_alpha: float = setting(

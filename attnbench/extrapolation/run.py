@@ -55,6 +55,7 @@ from attnbench.extrapolation.trainings import (
 )
 from attnbench.measure import machine
 from attnbench.runtime import engines
+from attnbench.runtime.interrupts import Stopped, said_as
 from attnbench.runtime.outputs import ensure_dir, remove_stale
 from attnbench.runtime.progress import Silent
 
@@ -107,7 +108,8 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     torch.set_num_threads(threads)
     try:
         if opts.train_only:
-            train_only(cfg, opts, plan, inputs.split.train, device, dist)
+            with said_as("during training", lambda: _checkpoints_kept(opts)):
+                train_only(cfg, opts, plan, inputs.split.train, device, dist)
             _keep_weights(opts, plan)
             return RunResult([], opts.out, "", inputs.notes)
         rows, trainings, curves_csv = _train_and_evaluate(cfg, opts, plan, inputs, device)
@@ -192,31 +194,63 @@ def _train_and_evaluate(cfg: ExtrapConfig, opts: RunOptions, plan: Plan, inputs:
     """Train (unless --eval-only) and evaluate every planned checkpoint, then the count
     baseline, rewriting extrapolate.csv as the rows come; returns the rows, each training's
     summary (for the sidecar) and the combined curves file (None when there is none)."""
-    stream, train_stream, eval_rows = inputs.stream, inputs.split.train, inputs.eval_rows
+    train_stream, eval_rows = inputs.split.train, inputs.eval_rows
     rows: list[dict[str, Any]] = []
     curves_csv: Path | None = None
     trainings: list[dict[str, Any]] = []
     if not opts.eval_only:
-        plan.reload(train_in_parallel(cfg, opts, plan, train_stream, device))
+        with said_as("during training", lambda: _checkpoints_kept(opts)):
+            plan.reload(train_in_parallel(cfg, opts, plan, train_stream, device))
     tasks: list[EvalTask] = []
     layout = parallel_layout(cfg, device, eval_task_count(plan, eval_rows), opts)
     for v, seed, path, key, ckpt in plan.entries:
-        ckpt, info = train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device,
-                                   probe=plan.probe)  # fmt: skip
+        with said_as("during training", lambda: _checkpoints_kept(opts)):
+            ckpt, info = train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream,
+                                       device, probe=plan.probe)  # fmt: skip
         trainings.append(info)
         curves_csv = gather_curves(plan, opts)
         tasks += EvalTask.for_checkpoint(cfg, v, seed, path, eval_rows, str(device))
         if layout[0] < 2:  # one process: a checkpoint's rows as soon as it is trained
-            for task_rows in evaluate_tasks(tasks, stream, train_stream, layout, opts.log):
-                rows += task_rows
-            _write_rows(rows, opts)
+            _evaluate(tasks, inputs, layout, rows, opts)
             tasks = []
     tasks.append(EvalTask(cfg, "baseline", None, None, None, "cpu"))
     # Several processes: every evaluation is queued (rows come back in plan order).
-    for task_rows in evaluate_tasks(tasks, stream, train_stream, layout, opts.log):
-        rows += task_rows
-        _write_rows(rows, opts)
+    _evaluate(tasks, inputs, layout, rows, opts)
     return rows, trainings, curves_csv
+
+
+def _evaluate(tasks: list[EvalTask], inputs: RunInputs, layout: tuple[int, int],
+              rows: list[dict[str, Any]], opts: RunOptions) -> None:  # fmt: skip
+    """Evaluate ``tasks`` (here or in ``layout``'s processes), adding their rows to ``rows``
+    (all of them written already) and rewriting extrapolate.csv after each task. Ctrl-C raises
+    :class:`Stopped`, saying how many finished rows the file keeps."""
+    written = len(rows)
+    try:
+        for task_rows in evaluate_tasks(tasks, inputs.stream, inputs.split.train, layout,
+                                        opts.log):  # fmt: skip
+            rows += task_rows
+            _write_rows(rows, opts)
+            written = len(rows)
+    except KeyboardInterrupt:
+        raise Stopped("during evaluation", _rows_kept(written, opts)) from None
+
+
+def _rows_kept(written: int, opts: RunOptions) -> str:
+    """What a run stopped during its evaluation keeps: the rows extrapolate.csv holds."""
+    where = f"{written} finished rows are in {opts.out / CSV_NAME}"
+    return f"{where if written else 'no rows were written yet'}; {_go_on(opts)}"
+
+
+def _checkpoints_kept(opts: RunOptions) -> str:
+    """What a run stopped during its trainings keeps: the checkpoints written so far (a
+    training's last periodic one included)."""
+    return f"the checkpoints written so far are in {opts.ckpt_dir}; {_go_on(opts)}"
+
+
+def _go_on(opts: RunOptions) -> str:
+    """How to go on from a run that Ctrl-C stopped: --resume continues the checkpoints and
+    evaluates them (an --eval-only run, which excludes --resume, is run again)."""
+    return "run the same command again" if opts.eval_only else "continue with --resume"
 
 
 def _write_rows(rows: list[dict[str, Any]], opts: RunOptions) -> None:

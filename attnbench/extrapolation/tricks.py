@@ -4,7 +4,8 @@ Each trick changes only how attention is computed at evaluation, never the weigh
 O model's state dict loads unchanged into a model whose mixers are :class:`TrickMixer` (same
 parameter names as :class:`attnbench.layers.AttentionMixer`: ``wq, wk, wv, wo``). L is the
 training length, n the length of the window being evaluated, s = max(1, n / L), d the head dim,
-r = i - j the relative position of key j to query i, w = ``rerope_window`` (L/2 by default).
+r = i - j the relative position of key j to query i, w = the row's own window ``@W``
+(``rerope@48``) or else the run's ``rerope_window`` (L/2 by default).
 
 ======== ====================================================================================
 logn     scores times max(1, log n_i / log L)^p, n_i the keys query i sees (Su 2021's log_L n,
@@ -37,7 +38,8 @@ ntk      rotary base times s^(d / (d - 2)): NTK-aware scaling (bloc97, 2023)
 pi       positions times min(1, L / n): position interpolation (Chen et al. 2023)
 rerope   relative positions clipped to +-w: ReRoPE (Su 2023, ReRoPE), needs the scores with and
          without rotation, so it is dense and evaluation-only. Any w >= 1 works; w = L keeps
-         every trained distance 0..L-1 (farther keys sit at L), w >= n - 1 is plain RoPE
+         every trained distance 0..L-1 (farther keys sit at L), w >= n - 1 is plain RoPE.
+         ``rerope@W`` sets w = W for that row only (``rerope@63+logn`` beside ``rerope+logn``)
 leaky    Leaky ReRoPE (Su 2023, ReRoPE): r kept when abs(r) < w, else sign(r) (w + (abs(r) -
          w) / k). The score at a fractional relative position comes from q rotated to (i +- w
          (k - 1)) / k and k rotated to j / k (Su's own code): three score matrices, dense,
@@ -45,7 +47,8 @@ leaky    Leaky ReRoPE (Su 2023, ReRoPE): r kept when abs(r) < w, else sign(r) (w
          (n - 1 - w) / (L - 1 - w)), the least compression that maps the farthest key (abs(r) =
          n - 1) to L - 1, inside the trained range. Su's patch keeps that range too (L = 4096,
          w = 512, k = 16 and 16k tokens: the farthest key lands at 1504), but a fixed k = 16 at
-         L = 64, w = 32 leaves it beyond n = 529; needs w < L - 1 when k is chosen per n
+         L = 64, w = 32 leaves it beyond n = 529; needs w < L - 1 when k is chosen per n.
+         ``leaky@W`` sets w = W for that row only, as ``rerope@W``
 hwfa     HWFA (Su 2023, HWFA; Su 2023, HWFA meets ReRoPE): keys within +-local_window in every
          layer but the last, full attention scaled by max(1, log n / log L) in the last: global
          through depth only. Su trains HWFA's last layer without positions (NoPE); the O
@@ -54,13 +57,13 @@ hwfa     HWFA (Su 2023, HWFA; Su 2023, HWFA meets ReRoPE): keys within +-local_w
 ======== ====================================================================================
 
 Tricks compose with ``+`` (``ntk+logn``, ``rerope+logn`` as in Su's own ReRoPE code,
-``rerope+logn^2``), except ``chunk``, which stands alone; at most one of ``ntk``, ``pi``,
-``yarn`` and ``yarn-dim`` (each sets the rotary frequencies), at most one of ``rerope`` and
-``leaky`` (each remaps r); ``yarn`` and ``yarn-dim`` already hold ``temperature``, ``hwfa``
-already holds ``local`` and ``logn``. The dense path spells everything out (and feeds the entropy
-probe); the same computation through SDPA, with the row scale folded into q and the window as a
-boolean mask, evaluates the rest of the windows faster. ReRoPE and Leaky ReRoPE are dense only.
-An evaluation tool, not a training path.
+``rerope+logn^2``, ``rerope@48+logn``), except ``chunk``, which stands alone; at most one of
+``ntk``, ``pi``, ``yarn`` and ``yarn-dim`` (each sets the rotary frequencies), at most one of
+``rerope`` and ``leaky`` (each remaps r); ``yarn`` and ``yarn-dim`` already hold
+``temperature``, ``hwfa`` already holds ``local`` and ``logn``. The dense path spells everything
+out (and feeds the entropy probe); the same computation through SDPA, with the row scale folded
+into q and the window as a boolean mask, evaluates the rest of the windows faster. ReRoPE and
+Leaky ReRoPE are dense only. An evaluation tool, not a training path.
 
 Sources of the rows (short forms as in :mod:`attnbench.core.sources`):
 
@@ -110,6 +113,8 @@ HOLDS = {"yarn": ("temperature",), "yarn-dim": ("temperature",), "hwfa": ("local
 RENAMED = {"yarn-temp": "temperature"}
 #: ``logn^P``: the log n scale to the power P.
 LOGN_POWER_PREFIX = "logn^"
+#: ``rerope@W``, ``leaky@W``: the row's own window w = W (a relative trick only).
+WINDOW_MARK = "@"
 
 TRICKS: dict[str, str] = {
     "logn": "scores x max(1, log n / log L)^p (Su 2021's log_L n, clipped; logn^P: p = P)",
@@ -123,13 +128,14 @@ TRICKS: dict[str, str] = {
     "chunk": "independent L-chunks (sanity floor)",
     "ntk": "NTK-aware rotary base: base x (n/L)^(d/(d-2))",
     "pi": "position interpolation: positions x L/n",
-    "rerope": "ReRoPE: relative positions clipped at +-rerope_window (L/2)",
-    "leaky": "Leaky ReRoPE: relative positions beyond +-rerope_window (L/2) compressed by 1/k",
+    "rerope": "ReRoPE: relative positions clipped at +-rerope_window (L/2; rerope@W: W)",
+    "leaky": "Leaky ReRoPE: relative positions beyond +-rerope_window (L/2; leaky@W: W) "
+    "compressed by 1/k",
     "hwfa": "HWFA: keys within +-local_window (L/2) in every layer but the last, full attention "
     "x max(1, log n / log L) in the last (global through depth only)",
 }
 #: Every accepted spelling, for error messages.
-ACCEPTED = [*TRICKS, "logn^P (P > 0)"]
+ACCEPTED = [*TRICKS, "logn^P (P > 0)", "rerope@W and leaky@W (W an integer >= 1)"]
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,9 @@ class Tricks:
     leaky_k: float = LEAKY_AUTO
     #: The power p of ``logn^P`` (1 for ``logn``).
     logn_power: float = 1.0
+    #: Whether ``rerope_window`` is the row's own ``@W`` (spelled in the label: ``rerope@48``)
+    #: rather than the run's setting.
+    window_from_row: bool = False
 
     @property
     def label(self) -> str:
@@ -162,7 +171,17 @@ class Tricks:
     def _spelled(self, name: str) -> str:
         if name == "logn" and self.logn_power != 1:
             return f"{LOGN_POWER_PREFIX}{self.logn_power:g}"
+        if name in RELATIVE_TRICKS and self.window_from_row:
+            return f"{name}{WINDOW_MARK}{self.rerope_window}"
         return name
+
+    def _window_text(self, name: str, text: str) -> str:
+        """``name``'s description with its window filled in: ``+-rerope_window (32)`` as
+        before when the run sets it, ``+-48 (the row's @48)`` when the row does."""
+        w, generic = self.rerope_window, f"(L/2; {name}{WINDOW_MARK}W: W)"
+        if self.window_from_row:
+            return text.replace(f"rerope_window {generic}", f"{w} (the row's {WINDOW_MARK}{w})")
+        return text.replace(generic, f"({w})")
 
     def leaky_factor(self, n: int) -> float:
         """Leaky ReRoPE's k at length n: ``leaky_k``, or the least k >= 1 that maps the farthest
@@ -176,14 +195,17 @@ class Tricks:
         """The settings ``name`` reads, as ``key=value`` (empty when none)."""
         per_n = "per n, (n - 1 - w) / (L - 1 - w)"
         leaky = per_n if self.leaky_k == LEAKY_AUTO else f"{self.leaky_k:g}"
+        window = f"rerope_window={self.rerope_window}"
+        if self.window_from_row:
+            window += f" (the row's {WINDOW_MARK}{self.rerope_window})"
         values = {
             "logn": f"p={self.logn_power:g}",
             "yarn": f"yarn_alpha={self.yarn_alpha:g}, yarn_beta={self.yarn_beta:g}",
             "yarn-dim": f"yarn_beta_fast={self.yarn_beta_fast:g}, "
             f"yarn_beta_slow={self.yarn_beta_slow:g}",
             "local": f"local_window={self.local_window}",
-            "rerope": f"rerope_window={self.rerope_window}",
-            "leaky": f"rerope_window={self.rerope_window}, leaky_k={leaky}",
+            "rerope": window,
+            "leaky": f"{window}, leaky_k={leaky}",
             "hwfa": f"local_window={self.local_window}",
         }
         return values.get(name, "")
@@ -196,7 +218,7 @@ class Tricks:
             if name in ("local", "hwfa"):
                 text = text.replace("(L/2)", f"({self.local_window})")
             if name in RELATIVE_TRICKS:
-                text = text.replace("(L/2)", f"({self.rerope_window})")
+                text = self._window_text(name, text)
             params = self.parameters(name)
             parts.append(f"{text} [{params}]" if params else text)
         return "; ".join(parts)
@@ -232,12 +254,14 @@ def settings_problem(
     return None
 
 
-def _split_row(text: str) -> tuple[tuple[str, ...], float]:
-    """``"rerope+logn^2"`` -> (("rerope", "logn"), 2.0): the trick names and logn's power."""
-    names, power = [], 1.0
-    for name in (t.strip() for t in text.split("+")):
-        if not name:
+def _split_row(text: str) -> tuple[tuple[str, ...], float, int | None]:
+    """``"rerope@48+logn^2"`` -> (("rerope", "logn"), 2.0, 48): the trick names, logn's power
+    and the row's own ReRoPE window (None: the run's)."""
+    names, power, window = [], 1.0, None
+    for token in (t.strip() for t in text.split("+")):
+        if not token:
             continue
+        name, marked, window_text = token.partition(WINDOW_MARK)
         if name.startswith(LOGN_POWER_PREFIX):
             power = _logn_power(name)
             name = "logn"
@@ -248,10 +272,27 @@ def _split_row(text: str) -> tuple[tuple[str, ...], float]:
             )
         if name not in TRICKS:
             raise unknown("evaluation-time trick", name, ACCEPTED)
+        if marked:
+            window = _row_window(token, name, window_text)
         names.append(name)
     if not names:
         raise AttnbenchError(f"empty evaluation-time row {text!r}; known: {', '.join(ACCEPTED)}")
-    return tuple(names), power
+    return tuple(names), power, window
+
+
+def _row_window(token: str, name: str, text: str) -> int:
+    """The W of ``rerope@W`` / ``leaky@W``: an integer >= 1, on a trick that remaps r."""
+    if name not in RELATIVE_TRICKS:
+        raise AttnbenchError(
+            f"evaluation-time trick {token!r}: only {' and '.join(RELATIVE_TRICKS)} take a "
+            "window @W; accepted: rerope@W, leaky@W (W an integer >= 1), e.g. rerope@48"
+        )
+    if not (text.isascii() and text.isdigit() and int(text) >= 1):
+        raise AttnbenchError(
+            f"evaluation-time trick {token!r}: the window W of {name}@W must be an integer "
+            f">= 1; accepted: {name}@W, e.g. {name}@48"
+        )
+    return int(text)
 
 
 def _logn_power(name: str) -> float:
@@ -305,8 +346,9 @@ def parse_tricks(
     yarn_beta_slow: float = YARN_BETA_SLOW,
     leaky_k: float = LEAKY_AUTO,
 ) -> Tricks:
-    """``"ntk+logn"`` -> Tricks. Windows default to L/2; the other settings to the sources'."""
-    names, power = _split_row(text)
+    """``"ntk+logn"`` -> Tricks. Windows default to L/2; a row's ``rerope@W`` / ``leaky@W``
+    overrides ``rerope_window`` for that row only; the other settings default to the sources'."""
+    names, power, row_window = _split_row(text)
     _check_combination(text, names)
     half = max(1, train_len // 2)
     local_window = half if local_window is None else local_window
@@ -317,14 +359,25 @@ def parse_tricks(
     problem = settings_problem(yarn_alpha, yarn_beta, yarn_beta_fast, yarn_beta_slow, leaky_k)
     if problem is not None:
         raise AttnbenchError(problem[1])
-    if "leaky" in names and leaky_k == LEAKY_AUTO and rerope_window >= train_len - 1:
-        raise AttnbenchError(
-            f"evaluation-time row {text!r}: leaky with k chosen per n maps the farthest key to "
-            f"L - 1 = {train_len - 1}, which needs rerope_window < {train_len - 1} (it is "
-            f"{rerope_window}); accepted: a smaller rerope_window, or leaky_k >= 1"
-        )
-    return Tricks(names, train_len, local_window, rerope_window, yarn_alpha, yarn_beta,
-                  yarn_beta_fast, yarn_beta_slow, leaky_k, power)  # fmt: skip
+    window = rerope_window if row_window is None else row_window
+    if "leaky" in names and leaky_k == LEAKY_AUTO and window >= train_len - 1:
+        raise AttnbenchError(_leaky_window_problem(text, train_len, window, row_window is not None))
+    return Tricks(names, train_len, local_window, window, yarn_alpha, yarn_beta, yarn_beta_fast,
+                  yarn_beta_slow, leaky_k, power, row_window is not None)  # fmt: skip
+
+
+def _leaky_window_problem(text: str, train_len: int, window: int, from_row: bool) -> str:
+    """Why leaky with k chosen per n refuses a window w >= L - 1, naming the row's ``@W`` or the
+    run's ``rerope_window``, whichever set it."""
+    limit = train_len - 1
+    what, smaller = "rerope_window", "a smaller rerope_window"
+    if from_row:
+        what, smaller = "leaky@W", f"leaky@W with W < {limit}"
+    return (
+        f"evaluation-time row {text!r}: leaky with k chosen per n maps the farthest key to "
+        f"L - 1 = {limit}, which needs {what} < {limit} (it is {window}); accepted: {smaller}, "
+        "or leaky_k >= 1"
+    )
 
 
 def yarn_temperature(s: float) -> float:

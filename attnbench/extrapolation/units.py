@@ -27,7 +27,7 @@ from attnbench.runtime.engines import (
     ray_session,
 )
 from attnbench.runtime.outputs import write_bytes_once
-from attnbench.runtime.processes import run_each_in_a_process
+from attnbench.runtime.processes import consume, run_each_in_a_process
 from attnbench.runtime.ray_tasks import error_reason, tasks_with_one_retry
 from attnbench.runtime.units import Unit
 
@@ -79,9 +79,10 @@ def train_in_processes(jobs, workers: int, fn, args: tuple, log) -> list:
     died. A job that raises makes this raise (the others are killed).
 
     Ctrl-C, or SIGTERM to this process alone, stops every running training as Ctrl-C stops one
-    run here: each writes its checkpoint and stops; the others' are logged and the last one is
-    raised (:class:`~attnbench.extrapolation.train.Interrupted`, as a training here raises it),
-    else KeyboardInterrupt."""
+    run here, wherever it lands while they run (logging a result too: :func:`consume`): each
+    writes its checkpoint and stops; the others' are logged and the last one is raised
+    (:class:`~attnbench.extrapolation.train.Interrupted`, as a training here raises it), else
+    KeyboardInterrupt."""
     from attnbench.extrapolation.train import Interrupted
 
     died, interrupted = [], []
@@ -90,32 +91,35 @@ def train_in_processes(jobs, workers: int, fn, args: tuple, log) -> list:
     def by_the_signal(outcome) -> bool:  # a worker's own Ctrl-C before its training began
         return isinstance(outcome[1], (Interrupted, KeyboardInterrupt))
 
-    ends = run_each_in_a_process(jobs, fn, args, at_once=workers, stopped=by_the_signal)
-    with contextlib.closing(ends):
-        try:
-            for job, (kind, value) in ends:
-                name = f"{job.variant.label} seed {job.seed}"
-                if kind == "ok":
-                    log(value)
-                elif kind == "died":
-                    log(f"{name}: {_died(value)}")
-                    died.append(job)
-                elif isinstance(value, Interrupted):
-                    interrupted.append((job, value))
-                    stopping = True
-                elif isinstance(value, KeyboardInterrupt):
-                    log(f"{name}: stopped before its first checkpoint")
-                    stopping = True
-                elif stopping:  # raising now would kill the workers still saving
-                    log(f"{name}: failed while the run stopped ({value})")
-                else:
-                    raise value
-        except KeyboardInterrupt:
-            if not interrupted:
-                raise
-            for job, e in interrupted[:-1]:
-                log(f"{job.variant.label} seed {job.seed}: {e}")
-            raise interrupted[-1][1] from None
+    def record(end) -> None:
+        nonlocal stopping
+        job, (kind, value) = end
+        name = f"{job.variant.label} seed {job.seed}"
+        if kind == "ok":
+            log(value)
+        elif kind == "died":
+            log(f"{name}: {_died(value)}")
+            died.append(job)
+        elif isinstance(value, Interrupted):
+            interrupted.append((job, value))
+            stopping = True
+        elif isinstance(value, KeyboardInterrupt):
+            log(f"{name}: stopped before its first checkpoint")
+            stopping = True
+        elif stopping:  # raising now would kill the workers still saving
+            log(f"{name}: failed while the run stopped ({value})")
+        else:
+            raise value
+
+    try:
+        consume(run_each_in_a_process(jobs, fn, args, at_once=workers, stopped=by_the_signal),
+                record)  # fmt: skip
+    except KeyboardInterrupt:
+        if not interrupted:
+            raise
+        for job, e in interrupted[:-1]:
+            log(f"{job.variant.label} seed {job.seed}: {e}")
+        raise interrupted[-1][1] from None
     return sorted(died, key=jobs.index)
 
 
@@ -190,22 +194,24 @@ def _train_tasks(ray, jobs, train_stream, threads, device, log) -> set[Path]:
             f"{job.variant.label} seed {job.seed}: {why}; retrying once in a fresh process"
         ),
     )
-    done, failed, written = 0, [], set()
+    failed, written = [], set()
+
+    def record(end) -> None:  # writing a checkpoint here: Ctrl-C still stops the tasks gently
+        job = end.job
+        name = f"{job.variant.label} seed {job.seed}"
+        if end.error is not None:
+            failed.append(f"{name} ({error_reason(end.error)})")
+            line = f"{name}: FAILED twice"
+        else:
+            line, ckpt_bytes, curve_bytes = end.result
+            write_bytes_once(job.path, ckpt_bytes)
+            write_bytes_once(curves.curve_path(job.path), curve_bytes)
+            written.add(job.path)
+        log(f"[{len(written)} done, {end.pending} running, {len(failed)} failed of {len(jobs)}] "
+            f"{line}")  # fmt: skip
+
     try:
-        for end in ends:
-            job = end.job
-            name = f"{job.variant.label} seed {job.seed}"
-            if end.error is not None:
-                failed.append(f"{name} ({error_reason(end.error)})")
-                line = f"{name}: FAILED twice"
-            else:
-                line, ckpt_bytes, curve_bytes = end.result
-                write_bytes_once(job.path, ckpt_bytes)
-                write_bytes_once(curves.curve_path(job.path), curve_bytes)
-                written.add(job.path)
-                done += 1
-            log(f"[{done} done, {end.pending} running, {len(failed)} failed of {len(jobs)}] "
-                f"{line}")  # fmt: skip
+        consume(ends, record)
     except KeyboardInterrupt:
         stopped = _stopped_trainings([j for j in jobs if j.path not in written], started)
         if not stopped:

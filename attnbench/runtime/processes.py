@@ -12,13 +12,17 @@ A worker dies with the process that started it (``kill -9`` of the driver: no or
 and later fails on the closed pipe); what a killed worker left half-written (a unit's staging
 folder, a temporary file) is removed by the next run (:func:`attnbench.runtime.outputs.
 remove_stale`). Ctrl-C, or SIGTERM sent to the driver alone, stops the workers the same way: each
-is sent SIGTERM (a training checkpoints and stops, as on Ctrl-C) and given time to end.
+is sent SIGTERM (a training checkpoints and stops, as on Ctrl-C) and given time to end. A driver
+reads such a pool's outcomes with :func:`consume`, so that this holds for the whole time the
+workers run, its own work on each outcome (a log line, a file written) included.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
+import inspect
 import multiprocessing
 import os
 import pickle
@@ -26,9 +30,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from multiprocessing import connection
-from typing import Any
+from typing import Any, TypeVar
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.runtime import logs
@@ -36,6 +40,7 @@ from attnbench.runtime.engines import died_reason
 
 #: What a job ended as: ("ok", result), ("error", exception) or ("died", exit code).
 Outcome = tuple[str, Any]
+T = TypeVar("T")
 
 
 #: prctl(2)'s option: the signal this process gets when the thread that started it ends.
@@ -189,7 +194,8 @@ def run_each_in_a_process(
     running workers are sent SIGTERM (the Ctrl-C they may have had too does the same) and given
     ``stop_wait_s`` in all to finish what they write; the outcomes of those that end in time are
     yielded (those that died of it are not), the rest killed, then KeyboardInterrupt is raised.
-    On any other exception, or when the caller stops iterating, they are killed at once."""
+    On any other exception, or when the caller stops iterating, they are killed at once. Read
+    it with :func:`consume` so that a Ctrl-C in the caller's own work stops them the same way."""
     queue, running = list(jobs), []
     try:
         while queue or running:
@@ -208,6 +214,34 @@ def run_each_in_a_process(
     finally:
         for worker in running:
             worker.stop(wait_s=0.0, kill=True)
+
+
+def consume(ends: Generator[T, None, Any], handle: Callable[[T], Any]) -> None:
+    """``handle(value)`` for each value ``ends`` yields (:func:`run_each_in_a_process`'s
+    outcomes, :func:`attnbench.runtime.ray_tasks.tasks_with_one_retry`'s task ends).
+
+    Why not a ``for`` loop: such a pool stops its workers gracefully on a Ctrl-C that lands
+    inside it, while it waits; one that lands in the loop's body (the driver logging a result,
+    writing a file) would close the pool and its workers would be killed with what they had not
+    saved. Here a KeyboardInterrupt raised while ``ends`` is paused (in ``handle`` or between
+    two values) is thrown into ``ends`` at its ``yield``, as if it had come while it waited: it
+    asks its workers to stop, what it yields while they stop goes to ``handle`` too, and the
+    interrupt comes out here once ``ends`` has ended with it. Any other exception from
+    ``handle`` closes ``ends`` (its workers are killed) and comes out here."""
+    advance: Callable[[], T] = ends.__next__
+    with contextlib.closing(ends):
+        while True:
+            try:
+                try:
+                    value = advance()
+                except StopIteration:
+                    return
+                advance = ends.__next__
+                handle(value)
+            except KeyboardInterrupt as e:
+                if inspect.getgeneratorstate(ends) == inspect.GEN_CLOSED:
+                    raise  # it came out of ``ends``: the pool has stopped
+                advance = functools.partial(ends.throw, e)
 
 
 def _ended(running: list[WorkerProcess]) -> Iterator[tuple[WorkerProcess, Outcome]]:

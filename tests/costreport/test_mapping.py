@@ -150,7 +150,9 @@ def test_what_the_mapping_cannot_cost_says_why(row, words):
         ("O+yarn-dim", "softmax:efficient", 1.0),
         ("O+logn^2", "softmax:efficient", 1.0),
         ("O+rerope+logn^2", "softmax:reference", 2.0),
+        ("O+rerope@48+logn", "softmax:reference", 2.0),  # the row's window: same cost
         ("O+leaky", "softmax:reference", 2.0),
+        ("O+leaky@40+logn^2", "softmax:reference", 2.0),
         ("O+yarn-temp", "softmax:efficient", 1.0),  # an older table's name of temperature
         ("O+hwfa", "local:efficient; last of 2 layers: softmax:efficient", 1.0),
     ],

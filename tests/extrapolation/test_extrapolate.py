@@ -489,6 +489,8 @@ def corpora(tmp_path_factory):
         (["--eval-only", "--resume"], "exclude each other"),
         (["--eval-time", "logn,warp"], "unknown evaluation-time trick"),
         (["--eval-time", "chunk+logn"], "chunk stands alone"),
+        (["--eval-time", "rerope@48+logn,local@8"], "only rerope and leaky take a window"),
+        (["--eval-time", "rerope@0"], "the window W of rerope@W must be an integer >= 1"),
     ],
     ids=lambda v: v if isinstance(v, str) else " ".join(v),
 )
