@@ -22,12 +22,13 @@ from tests.runtime.test_stop_and_kill import ENV, start, wait_for
 
 runner = CliRunner()
 
-#: Two small models (trained in seconds) whose evaluation takes a second or more each.
+#: Two small models (trained in seconds) whose evaluation takes several seconds each (idle: about
+#: 3 s; the signal must land inside E's, however slow the start of its line on a loaded machine).
 SLOW_EVALUATION = [
-    "--d-model", "128", "--layers", "2", "--heads", "2", "--train-len", "16", "--batch", "8",
+    "--d-model", "256", "--layers", "2", "--heads", "2", "--train-len", "16", "--batch", "8",
     "--steps", "12", "--warmup", "2", "--threads", "1", "--ckpt-every", "5",
     "--variants", "O,E", "--eval-time", "none", "--eval-lengths", "16,32,64,128,256,512",
-    "--eval-tokens", "20000",
+    "--eval-tokens", "30000",
 ]  # fmt: skip
 
 
@@ -40,7 +41,7 @@ def test_ctrl_c_during_evaluation_is_one_line_with_the_rows_kept(tmp_path):
                              timeout=300)  # fmt: skip
     assert trained.returncode == 0, trained.stderr
     driver = start([*args, "--resume"], tmp_path, err)
-    # O is evaluated and its rows written; E is loaded, then evaluated for a second or more.
+    # O is evaluated and its rows written; E is loaded, then evaluated for several seconds.
     wait_for(lambda: "E seed 0: trained (12 steps), loading" in err.read_text(), "E's evaluation")
     time.sleep(0.3)
     driver.send_signal(signal.SIGINT)

@@ -1,7 +1,8 @@
 """The speed suite ``extrapolate-cpu`` measures like for like: the ``cpu`` extrapolation preset's
 shape (read from the preset now, not copied), forward, bidirectional, float32, batch 1, at the
 preset's evaluation lengths, and exactly the registry paths (with their parameters) that the
-mapping gives the rows of the committed extrapolation tables."""
+mapping gives the rows of the committed extrapolation tables, each at the shape its own sidecar
+records (a table made with an earlier preset keeps its shape)."""
 
 from __future__ import annotations
 
@@ -12,24 +13,25 @@ import pandas as pd
 from attnbench.bench.config import load_suite, params_for, select
 from attnbench.bench.results import params_text
 from attnbench.costreport.mapping import Context, Row, Unmapped, cost_of
+from attnbench.costreport.tables import read_extrapolation
 from attnbench.extrapolation.config import load_preset
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The committed tables ``attnbench report`` joins with this suite (results/report/).
 COMMITTED = ("results/extrapolate/cpu", "results/extrapolate/cpu-families")
 
 
-def preset_context() -> Context:
-    cfg = load_preset("cpu")
-    m = cfg.model
-    half = m.train_len // 2
-    return Context(m.train_len, cfg.eval.local_window or half, cfg.eval.rerope_window or half,
-                   m.heads, m.head_dim, m.layers)  # fmt: skip
+def table_context(folder: str) -> Context:
+    """The model shape and windows the table's own sidecar records, as the report reads them."""
+    m = read_extrapolation(ROOT / folder).model
+    return Context(m.train_len, m.local_window, m.rerope_window, m.heads, m.head_dim, m.layers)
 
 
-def committed_costs(context: Context) -> list:
+def committed_costs() -> list:
     """The cost of every model row of the committed tables (their parts, HWFA's last layer)."""
     costs = []
     for folder in COMMITTED:
+        context = table_context(folder)
         table = pd.read_csv(ROOT / folder / "extrapolate.csv", dtype=str, keep_default_na=False)
         for variant, group in table.groupby("variant", sort=False):
             first = group.iloc[0]
@@ -55,8 +57,8 @@ def test_the_suite_is_at_the_cpu_presets_shape_and_lengths():
 
 
 def test_the_suite_runs_exactly_the_mapped_paths_at_their_shapes():
-    suite, context = load_suite("extrapolate-cpu"), preset_context()
-    costs = committed_costs(context)
+    suite = load_suite("extrapolate-cpu")
+    costs = committed_costs()
     wanted = {(c.mechanism, c.path, c.params) for c in costs}
     measured = {(m.name, p.name, params_text(params_for(suite, m))) for m, p in select(suite)}
     assert measured == wanted

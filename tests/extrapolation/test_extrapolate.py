@@ -88,7 +88,7 @@ def test_end_to_end_outputs(trained):
     assert side["corpus"]["sha256"] and side["corpus"]["bytes"] == corpus.stat().st_size
     assert {"torch", "python", "attnbench"} <= set(side["versions"])
     assert "sha" in side["git"] and side["config"]["model"]["d_model"] == 32
-    assert "probability 0.15" in side["evaluation"]["masking"]
+    assert "0.15 in evaluation" in side["evaluation"]["masking"]  # the preset trains at 0.4
     table = (out / "table.md").read_text()
     assert "Su 2021: Attention-E" in table and "| O+chunk | eval-time |" in table
     assert "| count-baseline | baseline |" in table and "95 % t-interval" in table
@@ -514,13 +514,16 @@ def test_presets_load_from_the_one_shipped_folder():
 
     assert sorted(p.name for p in PRESETS_DIR.glob("*.toml")) == ["cpu.toml", "paper.toml"]
     cpu, paper = load_preset("cpu"), load_preset("paper")
-    assert (cpu.model.d_model, cpu.model.layers, cpu.model.heads, cpu.model.train_len) == (
+    model, train = cpu.model, cpu.train
+    assert (model.d_model, model.layers, model.heads, model.ffn_mult, model.train_len) == (
         128,
         2,
+        8,
         2,
         64,
     )
-    assert (cpu.train.batch, cpu.train.steps, cpu.train.lr) == (64, 3000, 1e-3)
+    assert (train.batch, train.steps, train.lr, train.mask_prob) == (32, 9600, 1e-3, 0.4)
+    assert cpu.eval_mask_prob == 0.15  # Su 2021's rate at evaluation, whatever the training's
     assert (paper.model.d_model, paper.model.layers, paper.model.heads) == (384, 6, 6)
     assert cpu.eval.lengths == (64, 128, 256, 512, 1024) and cpu.run.variants == ("O", "E")
     assert len(cpu.run.eval_time) >= 6
