@@ -42,6 +42,13 @@ PRESET_AS_IT_WAS: dict[str, str] = {
     "eval.mask_prob": "0",
 }
 
+#: Shared by the later candidates: 8 heads and 40 % training masks (15 % at evaluation) ...
+H8_MASK40: dict[str, str] = {"model.heads": "8", "train.mask_prob": "0.4", "eval.mask_prob": "0.15"}
+#: ... in batches of 32 ...
+H8_MASK40_B32: dict[str, str] = {**H8_MASK40, "train.batch": "32"}
+#: ... with a feed-forward block of 2 x d_model, 9600 steps (the chosen preset).
+H8_MASK40_B32_FFN2: dict[str, str] = {**H8_MASK40_B32, "model.ffn_mult": "2", "train.steps": "9600"}
+
 #: name -> overrides of the preset as it was. "base" is that preset (the old table's).
 CANDIDATES: dict[str, dict[str, str]] = {
     "base": {},
@@ -54,98 +61,24 @@ CANDIDATES: dict[str, dict[str, str]] = {
     "mask0.4": {"train.mask_prob": "0.4", "eval.mask_prob": "0.15"},
     "heads4": {"model.heads": "4"},
     "heads8": {"model.heads": "8"},
-    "heads4-mask0.4": {"model.heads": "4", "train.mask_prob": "0.4", "eval.mask_prob": "0.15"},
-    "heads8-mask0.4": {"model.heads": "8", "train.mask_prob": "0.4", "eval.mask_prob": "0.15"},
+    "heads4-mask0.4": {**H8_MASK40, "model.heads": "4"},
+    "heads8-mask0.4": H8_MASK40,
     "heads16": {"model.heads": "16"},
     "heads8-3layers": {"model.heads": "8", "model.layers": "3", "train.steps": "2400"},
-    "heads8-mask0.5": {"model.heads": "8", "train.mask_prob": "0.5", "eval.mask_prob": "0.15"},
-    "heads8-mask0.4-b32": {
-        "model.heads": "8",
-        "train.mask_prob": "0.4",
-        "eval.mask_prob": "0.15",
-        "train.batch": "32",
-        "train.steps": "6000",
-    },
-    "heads8-mask0.4-b32-7800": {
-        "model.heads": "8",
-        "train.mask_prob": "0.4",
-        "eval.mask_prob": "0.15",
-        "train.batch": "32",
-        "train.steps": "7800",
-    },
-    "heads8-mask0.5-b32": {
-        "model.heads": "8",
-        "train.mask_prob": "0.5",
-        "eval.mask_prob": "0.15",
-        "train.batch": "32",
-        "train.steps": "6000",
-    },
-    "heads8-mask0.4-b16": {
-        "model.heads": "8",
-        "train.mask_prob": "0.4",
-        "eval.mask_prob": "0.15",
-        "train.batch": "16",
-        "train.steps": "12000",
-    },
-    "heads8-mask0.4-3900": {
-        "model.heads": "8",
-        "train.mask_prob": "0.4",
-        "eval.mask_prob": "0.15",
-        "train.steps": "3900",
-    },
+    "heads8-mask0.5": {**H8_MASK40, "train.mask_prob": "0.5"},
+    "heads8-mask0.4-b32": {**H8_MASK40_B32, "train.steps": "6000"},
+    "heads8-mask0.4-b32-7800": {**H8_MASK40_B32, "train.steps": "7800"},
+    "heads8-mask0.5-b32": {**H8_MASK40_B32, "train.mask_prob": "0.5", "train.steps": "6000"},
+    "heads8-mask0.4-b16": {**H8_MASK40, "train.batch": "16", "train.steps": "12000"},
+    "heads8-mask0.4-3900": {**H8_MASK40, "train.steps": "3900"},
     # A narrower feed-forward block (4x -> 2x, 1x) frees step time for more updates.
-    "h8-m0.4-b32-ffn2-9600": {
-        "model.heads": "8",
-        "model.ffn_mult": "2",
-        "train.mask_prob": "0.4",
-        "eval.mask_prob": "0.15",
-        "train.batch": "32",
-        "train.steps": "9600",
-    },
-    "h8-m0.4-b32-ffn1-12000": {
-        "model.heads": "8",
-        "model.ffn_mult": "1",
-        "train.mask_prob": "0.4",
-        "eval.mask_prob": "0.15",
-        "train.batch": "32",
-        "train.steps": "12000",
-    },
-    "h8-m0.45-b32-ffn2-9600": {
-        "model.heads": "8",
-        "model.ffn_mult": "2",
-        "train.mask_prob": "0.45",
-        "eval.mask_prob": "0.15",
-        "train.batch": "32",
-        "train.steps": "9600",
-    },
+    "h8-m0.4-b32-ffn2-9600": H8_MASK40_B32_FFN2,
+    "h8-m0.4-b32-ffn1-12000": {**H8_MASK40_B32, "model.ffn_mult": "1", "train.steps": "12000"},
+    "h8-m0.45-b32-ffn2-9600": {**H8_MASK40_B32_FFN2, "train.mask_prob": "0.45"},
     # The learning rate and weight decay at the ffn2 shape (lr 3e-3 hurt the 2-head model).
-    "h8-m0.4-b32-ffn2-9600-lr2e-3": {
-        "model.heads": "8",
-        "model.ffn_mult": "2",
-        "train.mask_prob": "0.4",
-        "eval.mask_prob": "0.15",
-        "train.batch": "32",
-        "train.steps": "9600",
-        "train.lr": "2e-3",
-    },
-    "h8-m0.4-b32-ffn2-9600-lr1.5e-3": {
-        "model.heads": "8",
-        "model.ffn_mult": "2",
-        "train.mask_prob": "0.4",
-        "eval.mask_prob": "0.15",
-        "train.batch": "32",
-        "train.steps": "9600",
-        "train.lr": "1.5e-3",
-    },
-    "h8-m0.4-b32-ffn2-9600-wd0.1": {
-        "model.heads": "8",
-        "model.ffn_mult": "2",
-        "train.mask_prob": "0.4",
-        "eval.mask_prob": "0.15",
-        "train.batch": "32",
-        "train.steps": "9600",
-        "train.weight_decay": "0.1",
-    },
+    "h8-m0.4-b32-ffn2-9600-lr2e-3": {**H8_MASK40_B32_FFN2, "train.lr": "2e-3"},
+    "h8-m0.4-b32-ffn2-9600-lr1.5e-3": {**H8_MASK40_B32_FFN2, "train.lr": "1.5e-3"},
+    "h8-m0.4-b32-ffn2-9600-wd0.1": {**H8_MASK40_B32_FFN2, "train.weight_decay": "0.1"},
 }
 
 

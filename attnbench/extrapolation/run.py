@@ -108,7 +108,7 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
     torch.set_num_threads(threads)
     try:
         if opts.train_only:
-            with said_as("during training", lambda: _checkpoints_kept(opts)):
+            with _while_training(opts):
                 train_only(cfg, opts, plan, inputs.split.train, device, dist)
             _keep_weights(opts, plan)
             return RunResult([], opts.out, "", inputs.notes)
@@ -199,12 +199,12 @@ def _train_and_evaluate(cfg: ExtrapConfig, opts: RunOptions, plan: Plan, inputs:
     curves_csv: Path | None = None
     trainings: list[dict[str, Any]] = []
     if not opts.eval_only:
-        with said_as("during training", lambda: _checkpoints_kept(opts)):
+        with _while_training(opts):
             plan.reload(train_in_parallel(cfg, opts, plan, train_stream, device))
     tasks: list[EvalTask] = []
     layout = parallel_layout(cfg, device, eval_task_count(plan, eval_rows), opts)
     for v, seed, path, key, ckpt in plan.entries:
-        with said_as("during training", lambda: _checkpoints_kept(opts)):
+        with _while_training(opts):
             ckpt, info = train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream,
                                        device, probe=plan.probe)  # fmt: skip
         trainings.append(info)
@@ -239,6 +239,11 @@ def _rows_kept(written: int, opts: RunOptions) -> str:
     """What a run stopped during its evaluation keeps: the rows extrapolate.csv holds."""
     where = f"{written} finished rows are in {opts.out / CSV_NAME}"
     return f"{where if written else 'no rows were written yet'}; {_go_on(opts)}"
+
+
+def _while_training(opts: RunOptions):
+    """Ctrl-C inside the block comes out as :class:`Stopped` naming the checkpoints kept."""
+    return said_as("during training", lambda: _checkpoints_kept(opts))
 
 
 def _checkpoints_kept(opts: RunOptions) -> str:

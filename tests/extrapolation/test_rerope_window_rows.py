@@ -6,7 +6,6 @@ reading past it, and the scores against an independent float64 implementation wr
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -15,9 +14,8 @@ import torch
 from attnbench.core.errors import AttnbenchError
 from attnbench.costreport.mapping import Context, Row, cost_of, tricks_of
 from attnbench.extrapolation.config import load_preset, resolve_eval_time, resolve_variants
-from attnbench.extrapolation.run import run_extrapolate
 from attnbench.extrapolation.tricks import TrickMixer, parse_tricks
-from tests.helpers.extrapolation import make_corpus, run_options, tiny_cfg
+from tests.helpers.extrapolation import evaluate_rows_on_tiny_o
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -242,15 +240,9 @@ def test_the_cost_mapping_reads_past_the_window():
 
 def test_a_run_evaluates_rows_with_their_own_windows(tmp_path):
     rows = "rerope+logn,rerope@12+logn,leaky@6"
-    cfg = tiny_cfg(make_corpus(tmp_path / "c.txt")).override(
-        {"variants": "O", "eval_time": rows, "steps": 3}
-    )
-    result = run_extrapolate(cfg, run_options(tmp_path / "out"))
-    done = {(r["variant"], r["eval_len"]): r["status"] for r in result.rows}
+    done, recorded, _ = evaluate_rows_on_tiny_o(tmp_path, rows)
     for row in rows.split(","):
         assert done[(f"O+{row}", 16)] == done[(f"O+{row}", 64)] == "ok", row
-    sidecar = json.loads((tmp_path / "out" / "extrapolate.json").read_text())
-    recorded = {v["label"]: v["tricks"] for v in sidecar["variants"] if v["kind"] == "eval-time"}
     assert "[rerope_window=8]" in recorded["O+rerope+logn"]  # L/2
     assert "[rerope_window=12 (the row's @12)]" in recorded["O+rerope@12+logn"]
     assert "rerope_window=6 (the row's @6), leaky_k=per n" in recorded["O+leaky@6"]

@@ -6,7 +6,6 @@ copied by hand from Hugging Face Transformers' ``_compute_yarn_parameters``."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
@@ -15,9 +14,8 @@ import torch
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.config import load_preset, resolve_eval_time, resolve_variants
 from attnbench.extrapolation.model import MixerSpec, MLMEncoder, ModelConfig, build_model
-from attnbench.extrapolation.run import run_extrapolate
 from attnbench.extrapolation.tricks import TrickMixer, parse_tricks
-from tests.helpers.extrapolation import make_corpus, run_options, tiny_cfg
+from tests.helpers.extrapolation import evaluate_rows_on_tiny_o
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -413,15 +411,9 @@ def test_a_run_evaluates_the_new_rows_and_records_their_settings(tmp_path):
     """End to end on a tiny O: every new row evaluates (hwfa gets each block's index from the
     evaluation), and the sidecar records each row's settings as the description says them."""
     rows = "hwfa,leaky+logn,yarn-dim,rerope+logn^2"
-    cfg = tiny_cfg(make_corpus(tmp_path / "c.txt")).override(
-        {"variants": "O", "eval_time": rows, "steps": 3, "layers": 2, "yarn_beta_fast": 16}
-    )
-    result = run_extrapolate(cfg, run_options(tmp_path / "out"))
-    done = {(r["variant"], r["eval_len"]): r["status"] for r in result.rows}
+    done, recorded, sidecar = evaluate_rows_on_tiny_o(tmp_path, rows, layers=2, yarn_beta_fast=16)
     for row in rows.split(","):
         assert done[(f"O+{row}", 16)] == done[(f"O+{row}", 64)] == "ok", row
-    sidecar = json.loads((tmp_path / "out" / "extrapolate.json").read_text())
-    recorded = {v["label"]: v["tricks"] for v in sidecar["variants"] if v["kind"] == "eval-time"}
     assert "leaky_k=per n, (n - 1 - w) / (L - 1 - w)" in recorded["O+leaky+logn"]
     assert "yarn_beta_fast=16, yarn_beta_slow=1" in recorded["O+yarn-dim"]
     assert "[p=2]" in recorded["O+rerope+logn^2"] and "[local_window=8]" in recorded["O+hwfa"]

@@ -3,10 +3,11 @@ options for calling ``run_extrapolate`` from Python (CPU, seconds)."""
 
 from __future__ import annotations
 
+import json
 import random
 
 from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.run import RunOptions
+from attnbench.extrapolation.run import RunOptions, run_extrapolate
 from attnbench.runtime.progress import Silent
 
 #: CLI flags of a tiny run: one small layer, 12 steps, three short evaluation lengths.
@@ -57,3 +58,18 @@ def tiny_cfg(corpus):
 def run_options(out, **kw):
     """Run options writing to ``out``, silent (no progress, no log); ``kw`` sets the rest."""
     return RunOptions(out=out, progress=Silent, log=lambda m: None, argv=["attnbench"], **kw)
+
+
+def evaluate_rows_on_tiny_o(tmp_path, rows: str, **settings):
+    """Train a tiny O for 3 steps and evaluate it with the evaluation-time ``rows``
+    (comma-separated), ``settings`` overriding the tiny preset. Returns ``(status, tricks,
+    sidecar)``: each row's status per (variant, eval_len), each eval-time row's recorded trick
+    description per label, and the run's sidecar."""
+    cfg = tiny_cfg(make_corpus(tmp_path / "c.txt")).override(
+        {"variants": "O", "eval_time": rows, "steps": 3, **settings}
+    )
+    result = run_extrapolate(cfg, run_options(tmp_path / "out"))
+    status = {(r["variant"], r["eval_len"]): r["status"] for r in result.rows}
+    sidecar = json.loads((tmp_path / "out" / "extrapolate.json").read_text())
+    tricks = {v["label"]: v["tricks"] for v in sidecar["variants"] if v["kind"] == "eval-time"}
+    return status, tricks, sidecar
