@@ -1,5 +1,5 @@
 """``python -m attnbench`` is the ``attnbench`` command."""
 
-from attnbench.cli import main
+from attnbench.launch import main
 
 main()

@@ -119,3 +119,25 @@ def test_a_stopped_training_says_its_step_and_checkpoint(monkeypatch, tmp_path):
     monkeypatch.setattr("attnbench.extrapolation.run.run_extrapolate", interrupted_training)
     line = interrupted(["run", "extrapolate", "--out", str(tmp_path / "out")])
     assert line == "interrupted at step 31/300; checkpoint ck/O-seed0.pt; continue with --resume"
+
+
+def test_ctrl_c_while_the_command_modules_import_is_one_line(monkeypatch, capsys):
+    """The executable imports the command modules (torch among them, a second or two) inside
+    the one place that turns a Ctrl-C into a line: no traceback, exit 130."""
+    import builtins
+
+    from attnbench import launch
+
+    real_import = builtins.__import__
+
+    def interrupted_import(name, *args, **kwargs):
+        if name == "attnbench.cli.app":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", interrupted_import)
+    with pytest.raises(SystemExit) as stop:
+        launch.main()
+    assert stop.value.code == 130
+    said = capsys.readouterr().err
+    assert said == "stopped while starting; nothing was run\n"
