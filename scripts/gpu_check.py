@@ -34,6 +34,7 @@ SIGINT, which ends it cleanly with every finished row on disk.
   13 sage        SageAttention (8-bit, forward) beside the exact dense kernels, 1k..64k
   14 local-libraries  the causal window by flex, FLA, xFormers and local-attention, 8k and 32k
   15 gaps        round 2's missing rows: Triton causal 64k, FLASH batch 1 64k, dense hd64 causal
+  16 tests-all   pytest -m gpu: every GPU test in one run (steps 1, 2 and 11 together)
 
 ``--dry-run`` runs every step on the CPU with tiny shapes and the paths a CPU has (the tests
 steps only collect), so that CI finds a typo in this script, not the GPU. Nothing here needs a
@@ -182,8 +183,11 @@ def nvidia_smi() -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def pytest_step(ctx: Context, selection: str, marker: str = "gpu") -> int:
-    cmd = [ctx.python, "-m", "pytest", "-o", "addopts=", "-m", marker, "-k", selection,
+def pytest_step(ctx: Context, selection: str, marker: str = "gpu", workers: int = 8) -> int:
+    """pytest on the GPU tests (``selection``: a ``-k`` expression, empty for all of them),
+    with up to ``workers`` xdist workers (GPU_TEST_WORKERS overrides)."""
+    cmd = [ctx.python, "-m", "pytest", "-o", "addopts=", "-m", marker,
+           *(["-k", selection] if selection else []),
            "-p", "no:cacheprovider", "-q", "-rfEs", "--tb=short", "tests/kernels/test_fused_gpu.py",
            f"--junitxml={ctx.out / 'junit.xml'}"]  # fmt: skip
     if ctx.dry:
@@ -192,7 +196,8 @@ def pytest_step(ctx: Context, selection: str, marker: str = "gpu") -> int:
         # The budget's SIGINT still prints the summary of what failed so far (pytest handles
         # KeyboardInterrupt); a per-test limit keeps one stuck compile from taking the step.
         if _has_module("xdist"):
-            cmd += ["-n", str(min(8, os.cpu_count() or 1))]
+            workers = int(os.environ.get("GPU_TEST_WORKERS", workers))
+            cmd += ["-n", str(min(workers, os.cpu_count() or 1))]
         if _has_module("pytest_timeout"):
             cmd += ["--timeout", "300"]
     return run(ctx, "pytest", cmd)
@@ -640,6 +645,9 @@ STEPS: dict[str, tuple[int, Callable[[Context], int]]] = {
     "sage": (13, step_sage),
     "local-libraries": (14, step_local_libraries),
     "gaps": (15, step_gaps),
+    # Every GPU test in one pytest (fused, flex and library paths), for a lease too short for
+    # steps 1, 2 and 11 one after another: more workers, the GPU shared by them alone.
+    "tests-all": (16, lambda ctx: pytest_step(ctx, "", workers=14)),
 }
 
 

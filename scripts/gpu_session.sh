@@ -13,6 +13,9 @@
 #                                       # kernels beside ours (the GPU to itself)
 #   bash scripts/gpu_session.sh 5 OUT   # round 3: SageAttention, the causal window by three
 #                                       # libraries, round 2's missing rows, profiles
+#   bash scripts/gpu_session.sh 6 OUT   # round 3 in one command, for a 15-minute lease: env,
+#                                       # every GPU test in one pytest, the profiles, FLA's
+#                                       # kernels beside ours
 #
 # Before the lease: bash scripts/fetch_library_wheels.sh (the library paths' wheels in .whl/,
 # carried with each command). Everything goes to $WORK (default .gpuwork/ in the checkout:
@@ -21,7 +24,7 @@
 # (setsid), so they outlive the command that started them. Phase budgets: PHASE_S seconds
 # (default 560) from the phase's start; every step gets what is left.
 set -uo pipefail
-phase=${1:?phase 1, 2 or 3}
+phase=${1:?phase 1-6}
 out=${2:?output folder}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -132,5 +135,16 @@ case $phase in
   step 8 $(( $(left) - 20 )) 20
   pack
   ;;
-*) echo "unknown phase $phase; accepted: 1-5"; exit 2 ;;
+6)
+  # Round 3 in one command (a lease of 15 minutes holds one command and the machine's start):
+  # what matters most first. The tests share the GPU only with each other; the profiles and the
+  # timings have it to themselves.
+  nvidia-smi > "$WORK/logs/nvidia-smi-start.txt" 2>&1
+  step 0 40
+  step 16 280
+  step 8 60
+  step 12 $(( $(left) - 20 )) 20
+  pack
+  ;;
+*) echo "unknown phase $phase; accepted: 1-6"; exit 2 ;;
 esac

@@ -145,12 +145,49 @@ def package(key: str) -> Callable[[str, bool], str | None]:
     return check
 
 
+def xformers_kernels(device_type: str, backward: bool) -> str | None:
+    """``package:xformers``: installed at a tested version and, on a CUDA device, its compiled
+    operators loaded. xFormers' wheels are built for one torch and CUDA; under another torch the
+    package still imports, but without kernels, and every call fails. That is asked only where a
+    CUDA device is (importing xformers imports torch), so listing paths stays cheap elsewhere."""
+    missing = package("xformers")(device_type, backward)
+    if missing or device_type != "cuda" or not cuda_available():
+        return missing
+    try:
+        import xformers
+    except Exception as e:  # a broken install: any error on import is the reason
+        first = (str(e).strip().splitlines() or [""])[0]
+        return f"xformers does not import ({type(e).__name__}: {first})"
+    cpp = getattr(xformers, "_cpp_lib", None)
+    if getattr(xformers, "_has_cpp_library", True) and getattr(cpp, "_built_with_cuda", True):
+        return None
+    error = getattr(cpp, "_cpp_library_load_exception", None)
+    info = getattr(error, "build_info", None) or getattr(cpp, "_build_metadata", None)
+    built = (
+        f"built for torch {info.torch_version} with CUDA {_cuda_release(info.cuda_version)}"
+        if info is not None
+        else "built for another torch or Python, or without CUDA"
+    )
+    return (
+        f"xformers {package_version('xformers')} has no CUDA kernels here ({built}; this is "
+        f"torch {torch_version()}): install the xformers build made for this torch"
+    )
+
+
+def _cuda_release(version: object) -> str:
+    """xFormers' build record's CUDA version (1208) as a release ('12.8')."""
+    if isinstance(version, int) and version >= 100:
+        return f"{version // 100}.{version % 100}"
+    return str(version)
+
+
 #: Requirement name -> check(device type, backward) -> None when met, else why not.
 CHECKS: dict[str, Callable[[str, bool], str | None]] = {
     "cuda": cuda,
     "triton": triton,
     "flex": flex,
     **{f"package:{key}": package(key) for key in PACKAGES},
+    "package:xformers": xformers_kernels,
 }
 
 

@@ -11,6 +11,14 @@ Mapping: layout ``HND`` ([B, H, T, D], attnbench's), ``sm_scale`` 1/sqrt(d), ``i
 SageAttention's "smooth K" (subtracting the mean key over the sequence, which leaves softmax
 unchanged) is done here on a copy, because the package subtracts it from the caller's K in place.
 Head dims 64, 96 and 128 only; float16, bfloat16 and float32 in (V is cast to float16).
+
+Non-causal calls need a key length that is a multiple of :data:`KEY_BLOCK`. The package's
+non-causal kernels (``attn_qk_int8_per_block*.py`` in sageattention 1.0.6, the newest on PyPI)
+load a partial last block of keys as zeros and give those padding keys the score 0 instead of
+-inf, so they take a share of every softmax row: on an H100 the error was 4x SageAttention's
+bound at T = 257 and 33x at T = 1, where the one real key keeps about 1/64 of the weight. The causal
+kernels mask them and are exact to SageAttention's bound at any length. The adapter refuses
+the calls the package would get wrong instead of returning a wrong answer.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ from torch import Tensor
 from attnbench.core.errors import AttnbenchError
 
 HEAD_DIMS = (64, 96, 128)
+#: The key block of SageAttention's non-causal kernels (BLOCK_N).
+KEY_BLOCK = 64
 
 
 def sage_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
@@ -29,6 +39,13 @@ def sage_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
         raise AttnbenchError(
             f"softmax:sage: SageAttention has kernels for head dims {HEAD_DIMS} with V as wide "
             f"as Q; got {d} (V {v.shape[-1]})"
+        )
+    n = k.shape[-2]
+    if not causal and n % KEY_BLOCK:
+        raise AttnbenchError(
+            f"softmax:sage: SageAttention's non-causal kernel counts the zero padding of a "
+            f"partial key block in the softmax, so it is right only for key lengths that are a "
+            f"multiple of {KEY_BLOCK} (got {n}); use causal=True, such a length, or another path"
         )
     try:
         from sageattention import sageattn

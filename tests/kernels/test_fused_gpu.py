@@ -124,6 +124,23 @@ def test_registry_fused_path(mech, path, overrides, causal, t, d, dtype):
     assert_ok(verdicts)
 
 
+@pytest.mark.library
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("t", "d"), [(64, 64), (256, 128), (1024, 64), (1024, 96)])
+def test_sage_bidirectional_at_whole_key_blocks(t, d, dtype):
+    """SageAttention without a causal mask, at the key lengths its kernel takes (multiples of
+    64; the others are refused, and GRID's odd lengths only see the refusal)."""
+    mech = registry.get("softmax")
+    path = mech.path("sage")
+    reason = path.unavailable("cuda", False)
+    if reason:
+        pytest.skip(reason)
+    inputs = make_inputs(mech, Shape(2, 4, t, d), {}, dtype=dtype, device="cuda", seed=t)
+    verdicts = compare_paths(path, mech.reference, inputs, {"causal": False}, backward=False,
+                             tolerance=path.tolerance)  # fmt: skip
+    assert_ok(verdicts)
+
+
 # --------------------------------------------------------------------------------------------
 # (2) the kernels against the dense formulas
 # --------------------------------------------------------------------------------------------

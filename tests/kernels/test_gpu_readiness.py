@@ -25,7 +25,7 @@ def test_runbook_every_step_in_dry_mode(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     steps = ["env", "tests-fused", "tests-flex", "dense", "sparse", "triton", "extrapolate",
              "flash-batch1", "profile", "order", "paper-rows", "tests-libraries", "libraries",
-             "sage", "local-libraries", "gaps"]  # fmt: skip
+             "sage", "local-libraries", "gaps", "tests-all"]  # fmt: skip
     for number, name in enumerate(steps):
         assert (tmp_path / f"{number}-{name}" / "DONE").is_file(), done.stdout
     sweeps = ["3-dense", "4-sparse", "5-triton", "7-flash-batch1", "10-paper-rows"]
@@ -48,6 +48,8 @@ def test_runbook_every_step_in_dry_mode(tmp_path):
     )
     libraries = (tmp_path / "11-tests-libraries" / "pytest.log").read_text()
     assert "fla-chunk" in libraries and "softmax:sage" in libraries and "sdpa" not in libraries
+    every = (tmp_path / "16-tests-all" / "pytest.log").read_text()  # no -k: every GPU test
+    assert " -k " not in every.splitlines()[0] and "fla-chunk" in every and "flex" in every
     # Resume: a finished step is not run again.
     again = subprocess.run(
         [sys.executable, "scripts/gpu_check.py", "0", str(tmp_path), "--dry-run"],

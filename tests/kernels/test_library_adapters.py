@@ -145,9 +145,11 @@ SOFTMAX = registry.get("softmax")
 
 @pytest.fixture
 def fake_sage(monkeypatch):
-    """A ``sageattention`` module whose ``sageattn`` is exact softmax attention, asserting the
-    call the adapter must make (layout HND, scale 1/sqrt(d), no in-place smoothing, keys with
-    zero mean over the sequence)."""
+    """A ``sageattention`` module whose ``sageattn`` computes what sageattention 1.0.6's kernels
+    do, in exact arithmetic: softmax attention, asserting the call the adapter must make (layout
+    HND, scale 1/sqrt(d), no in-place smoothing, keys with zero mean over the sequence), and, as
+    its non-causal kernel does, a partial last block of 64 keys padded with zero keys whose
+    scores (0) count in the softmax."""
     calls = []
 
     def sageattn(q, k, v, tensor_layout, is_causal, sm_scale, smooth_k):
@@ -155,6 +157,9 @@ def fake_sage(monkeypatch):
         assert sm_scale == pytest.approx(q.shape[-1] ** -0.5)
         assert k.mean(dim=-2).abs().max() < 1e-6 * max(1.0, k.abs().max().item())
         calls.append(is_causal)
+        if not is_causal:  # the package's padding: zero keys and values up to the block
+            pad = -k.shape[-2] % 64
+            k, v = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (k, v))
         return SOFTMAX.reference(q, k, v, causal=is_causal)
 
     module = types.ModuleType("sageattention")
@@ -163,9 +168,9 @@ def fake_sage(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
-def test_sage_adapter_smooths_a_copy_of_k_and_matches_softmax(fake_sage, causal):
-    x = make_inputs(SOFTMAX, Shape(2, 3, 37, 64), {}, seed=1, dtype=torch.float64)
+@pytest.mark.parametrize(("causal", "t"), [(False, 64), (False, 192), (True, 37), (True, 64)])
+def test_sage_adapter_smooths_a_copy_of_k_and_matches_softmax(fake_sage, causal, t):
+    x = make_inputs(SOFTMAX, Shape(2, 3, t, 64), {}, seed=1, dtype=torch.float64)
     k_before = x["k"].clone()
     path = SOFTMAX.path("sage")
     kwargs = {"causal": causal}
@@ -173,6 +178,24 @@ def test_sage_adapter_smooths_a_copy_of_k_and_matches_softmax(fake_sage, causal)
     assert all(v.ok for v in verdicts), "; ".join(map(str, verdicts))
     assert torch.equal(x["k"], k_before)  # the caller's keys are not modified
     assert fake_sage == [causal]
+
+
+@pytest.mark.parametrize("t", [1, 37, 65, 257])
+def test_sage_refuses_non_causal_lengths_its_kernel_pads_wrongly(fake_sage, t):
+    """Where the package's non-causal kernel would count padding keys (any length that is not a
+    multiple of 64), the path refuses with the reason rather than return a wrong answer, and
+    the package is never called."""
+    x = make_inputs(SOFTMAX, Shape(1, 2, t, 64), {}, seed=1, dtype=torch.float64)
+    with pytest.raises(AttnbenchError, match=rf"multiple of 64 \(got {t}\)"):
+        SOFTMAX.path("sage")(x["q"], x["k"], x["v"], causal=False)
+    assert fake_sage == []
+    # the fake is the package's arithmetic: called directly, it fails SageAttention's own bound,
+    # which is what the refusal avoids
+    sageattn = sys.modules["sageattention"].sageattn
+    k = x["k"] - x["k"].mean(dim=-2, keepdim=True)
+    wrong = sageattn(x["q"], k, x["v"], "HND", False, 64**-0.5, False)
+    exact = SOFTMAX.reference(x["q"], x["k"], x["v"], causal=False)
+    assert not judge_approximate("o", wrong, exact, exact, SOFTMAX.path("sage").tolerance).ok
 
 
 def test_sage_refuses_head_dims_without_a_kernel_and_backward(fake_sage):
@@ -236,6 +259,60 @@ def fake_xformers(monkeypatch):
     package.ops = ops
     monkeypatch.setitem(sys.modules, "xformers", package)
     monkeypatch.setitem(sys.modules, "xformers.ops", ops)
+
+
+#: What xformers 0.0.35's dispatcher raised on an H100 whose torch (2.11, CUDA 13) its wheel was
+#: not built for (shortened).
+NO_OPERATOR = """No operator found for `memory_efficient_attention_forward` with inputs:
+     query       : shape=(2, 97, 4, 64) (torch.float16)
+     attn_bias   : <class 'xformers.ops.fmha.attn_bias.LowerTriangularMask'>
+     p           : 0.0
+`fa3F@0.0.0` is not supported because:
+    xFormers wasn't build with CUDA support
+    operator wasn't built - see `python -m xformers.info` for more info
+`fa2F@2.5.7-pt` is not supported because:
+    requires device with capability == (8, 0) but your GPU has capability (9, 0)"""
+
+
+def test_xformers_refuses_a_call_it_has_no_kernel_for(fake_xformers, monkeypatch):
+    def no_operator(*args, **kwargs):
+        raise NotImplementedError(NO_OPERATOR)
+
+    monkeypatch.setattr(sys.modules["xformers.ops"].fmha, "memory_efficient_attention", no_operator)
+    x = make_inputs(SOFTMAX, Shape(1, 2, 8, 64), {}, seed=1)
+    with pytest.raises(AttnbenchError) as refused:
+        SOFTMAX.path("xformers")(x["q"], x["k"], x["v"], causal=True)
+    said = str(refused.value)
+    assert said == (
+        "xFormers has no kernel for this call (torch.float32, head dim 64, LowerTriangularMask): "
+        "`fa3F@0.0.0` is not supported: xFormers wasn't build with CUDA support"
+    )
+
+
+def test_xformers_without_compiled_kernels_is_unavailable_with_the_builds(monkeypatch):
+    """A wheel built for another torch imports but loads no kernels: the path is unavailable on
+    CUDA, with the torch it was built for, and asked only where a CUDA device is."""
+    from attnbench.core import capabilities
+
+    info = types.SimpleNamespace(torch_version="2.10.0+cu128", cuda_version=1208)
+    package = types.ModuleType("xformers")
+    package._has_cpp_library = False
+    package._cpp_lib = types.SimpleNamespace(
+        _cpp_library_load_exception=types.SimpleNamespace(build_info=info)
+    )
+    monkeypatch.setitem(sys.modules, "xformers", package)
+    monkeypatch.setattr(capabilities, "package_version", lambda dist: "0.0.35")
+    monkeypatch.setattr(capabilities, "cuda_available", lambda: True)
+    why = capabilities.reasons(["package:xformers"], "cuda")
+    assert why.startswith("xformers 0.0.35 has no CUDA kernels here (built for torch "
+                          "2.10.0+cu128 with CUDA 12.8; this is torch ")  # fmt: skip
+    assert capabilities.reasons(["package:xformers"], "cpu") == ""
+    package._has_cpp_library = True  # loaded, but a build without CUDA
+    package._cpp_lib = types.SimpleNamespace(_built_with_cuda=False, _build_metadata=None)
+    why = capabilities.reasons(["package:xformers"], "cuda")
+    assert "(built for another torch or Python, or without CUDA;" in why
+    package._cpp_lib._built_with_cuda = True
+    assert capabilities.reasons(["package:xformers"], "cuda") == ""
 
 
 @pytest.mark.usefixtures("fake_xformers")
