@@ -28,8 +28,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("costreport",),  # the one place that joins them: accuracy against cost
     ("cli",),  # the command line
 )
-#: Top-level modules above everything (``python -m attnbench``, the package docstring).
-ENTRY = ("", "__main__")
+#: Top-level modules above everything (the package docstring, ``python -m attnbench``, and the
+#: executable's entry point, which imports the command line while turning Ctrl-C into a line).
+ENTRY = ("", "__main__", "launch")
 RANK = {part: rank for rank, parts in enumerate(LAYERS) for part in parts}
 
 
