@@ -16,6 +16,8 @@
 #   bash scripts/gpu_session.sh 6 OUT   # round 3 in one command, for a 15-minute lease: env,
 #                                       # every GPU test in one pytest, the profiles, FLA's
 #                                       # kernels beside ours
+#   bash scripts/gpu_session.sh 7 OUT   # round 4, one command: the GPU tests round 3 did not
+#                                       # reach, FLA at 16k and 64k, SageAttention
 #
 # Before the lease: bash scripts/fetch_library_wheels.sh (the library paths' wheels in .whl/,
 # carried with each command). Everything goes to $WORK (default .gpuwork/ in the checkout:
@@ -24,7 +26,7 @@
 # (setsid), so they outlive the command that started them. Phase budgets: PHASE_S seconds
 # (default 560) from the phase's start; every step gets what is left.
 set -uo pipefail
-phase=${1:?phase 1-6}
+phase=${1:?phase 1-7}
 out=${2:?output folder}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -146,5 +148,14 @@ case $phase in
   step 12 $(( $(left) - 20 )) 20
   pack
   ;;
-*) echo "unknown phase $phase; accepted: 1-6"; exit 2 ;;
+7)
+  # Round 4 in one command: what round 3 left (results/speed/nvidia-h100/README.md).
+  nvidia-smi > "$WORK/logs/nvidia-smi-start.txt" 2>&1
+  step 0 30
+  step 17 170
+  step 18 200
+  step 13 $(( $(left) - 20 )) 20
+  pack
+  ;;
+*) echo "unknown phase $phase; accepted: 1-7"; exit 2 ;;
 esac

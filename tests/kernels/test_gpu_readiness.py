@@ -25,12 +25,13 @@ def test_runbook_every_step_in_dry_mode(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     steps = ["env", "tests-fused", "tests-flex", "dense", "sparse", "triton", "extrapolate",
              "flash-batch1", "profile", "order", "paper-rows", "tests-libraries", "libraries",
-             "sage", "local-libraries", "gaps", "tests-all"]  # fmt: skip
+             "sage", "local-libraries", "gaps", "tests-all", "tests-rest",
+             "libraries-long"]  # fmt: skip
     for number, name in enumerate(steps):
         assert (tmp_path / f"{number}-{name}" / "DONE").is_file(), done.stdout
     sweeps = ["3-dense", "4-sparse", "5-triton", "7-flash-batch1", "10-paper-rows"]
     sweeps += [f"9-order/{order}" for order in ("fixed", "reversed", "rotate")]
-    sweeps += ["12-libraries", "13-sage", "14-local-libraries"]
+    sweeps += ["12-libraries", "13-sage", "14-local-libraries", "18-libraries-long"]
     sweeps += [f"15-gaps/{sub}" for sub in ("triton-64k", "flash-batch1", "dense-hd64")]
     for step in sweeps:
         rows = (tmp_path / step / "results" / "results.csv").read_text().splitlines()
@@ -50,6 +51,8 @@ def test_runbook_every_step_in_dry_mode(tmp_path):
     assert "fla-chunk" in libraries and "softmax:sage" in libraries and "sdpa" not in libraries
     every = (tmp_path / "16-tests-all" / "pytest.log").read_text()  # no -k: every GPU test
     assert " -k " not in every.splitlines()[0] and "fla-chunk" in every and "flex" in every
+    rest = (tmp_path / "17-tests-rest" / "pytest.log").read_text()  # round 3's unreached
+    assert "retention:triton" in rest and "test_gau_kernel" in rest and "sdpa-cudnn" not in rest
     # Resume: a finished step is not run again.
     again = subprocess.run(
         [sys.executable, "scripts/gpu_check.py", "0", str(tmp_path), "--dry-run"],
