@@ -28,7 +28,7 @@ from attnbench.costreport.mapping import (
 from attnbench.extrapolation.tricks import TRICKS
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ("results/extrapolate/cpu", "results/extrapolate/cpu-families")
+COMMITTED = ("results/extrapolate/cpu-before-preset", "results/extrapolate/cpu-families")
 #: The cpu preset: L = 64, 2 heads of 64, windows L/2.
 CPU = Context(train_len=64, local_window=32, rerope_window=32, heads=2, head_dim=64)
 
