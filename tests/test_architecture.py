@@ -1,8 +1,8 @@
 """The package's shape: its parts form layers, each importing only its own part and the layers
 below it, and there is no import cycle.
 
-    launch -> cli -> costreport -> bench | extrapolation -> api | layers | render -> registry -> variants
-        -> kernels | libraries -> measure | runtime -> core
+    launch -> cli -> costreport -> bench | extrapolation -> api | layers | render -> registry
+        -> variants -> kernels | libraries -> measure | runtime -> core
 
 Parts on one layer do not import each other (the two experiments share only what is below them).
 Read from the source with ``ast`` (imports inside functions count too), so a cycle that only

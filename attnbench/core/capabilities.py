@@ -153,21 +153,34 @@ def xformers_kernels(device_type: str, backward: bool) -> str | None:
     missing = package("xformers")(device_type, backward)
     if missing or device_type != "cuda" or not cuda_available():
         return missing
+    import logging
+
+    import torch
+
+    # xFormers logs a many-line warning of its own when its kernels do not load; the reason
+    # returned here says it in one line.
+    logger = logging.getLogger("xformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
     try:
         import xformers
     except Exception as e:  # a broken install: any error on import is the reason
         first = (str(e).strip().splitlines() or [""])[0]
         return f"xformers does not import ({type(e).__name__}: {first})"
+    finally:
+        logger.setLevel(level)
     cpp = getattr(xformers, "_cpp_lib", None)
-    if getattr(xformers, "_has_cpp_library", True) and getattr(cpp, "_built_with_cuda", True):
+    gpu_build = getattr(cpp, "_built_with_cuda", True) or bool(torch.version.hip)  # ROCm: no CUDA
+    if getattr(xformers, "_has_cpp_library", True) and gpu_build:
         return None
     error = getattr(cpp, "_cpp_library_load_exception", None)
     info = getattr(error, "build_info", None) or getattr(cpp, "_build_metadata", None)
-    built = (
-        f"built for torch {info.torch_version} with CUDA {_cuda_release(info.cuda_version)}"
-        if info is not None
-        else "built for another torch or Python, or without CUDA"
-    )
+    if info is None:
+        built = "built for another torch or Python, or without CUDA"
+    elif info.cuda_version is None:
+        built = f"built for torch {info.torch_version} without CUDA"
+    else:
+        built = f"built for torch {info.torch_version} with CUDA {_cuda_release(info.cuda_version)}"
     return (
         f"xformers {package_version('xformers')} has no CUDA kernels here ({built}; this is "
         f"torch {torch_version()}): install the xformers build made for this torch"

@@ -13,18 +13,21 @@ unchanged) is done here on a copy, because the package subtracts it from the cal
 Head dims 64, 96 and 128 only; float16, bfloat16 and float32 in (V is cast to float16).
 
 Non-causal calls need a key length that is a multiple of :data:`KEY_BLOCK`. The package's
-non-causal kernels (``attn_qk_int8_per_block*.py`` in sageattention 1.0.6, the newest on PyPI)
-load a partial last block of keys as zeros and give those padding keys the score 0 instead of
--inf, so they take a share of every softmax row: on an H100 the error was 4x SageAttention's
-bound at T = 257 and 33x at T = 1, where the one real key keeps about 1/64 of the weight. The causal
-kernels mask them and are exact to SageAttention's bound at any length. The adapter refuses
-the calls the package would get wrong instead of returning a wrong answer.
+non-causal kernels (``attn_qk_int8_per_block.py`` and ``attn_qk_int8_per_block_h96.py`` in
+sageattention 1.0.6, the newest on PyPI) load a partial last block of keys as zeros and give
+those padding keys the score 0 instead of -inf, so they take a share of every softmax row: on an
+H100 the error was 4x SageAttention's bound at T = 257 and 33x at T = 1, where the one real key
+keeps about 1/64 of the weight. The causal kernels add -1e6 to the padding keys' scores; their
+outputs were within SageAttention's bound at every length tested (T = 1 to 1023 on an H100). The
+adapter refuses every non-causal call in which the package counts padding keys, also where the
+share is small enough to stay within the bound (T = 1023: one padding key in 1024).
 """
 
 from __future__ import annotations
 
 from torch import Tensor
 
+from attnbench.core.capabilities import package_version
 from attnbench.core.errors import AttnbenchError
 
 HEAD_DIMS = (64, 96, 128)
@@ -43,9 +46,10 @@ def sage_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
     n = k.shape[-2]
     if not causal and n % KEY_BLOCK:
         raise AttnbenchError(
-            f"softmax:sage: SageAttention's non-causal kernel counts the zero padding of a "
-            f"partial key block in the softmax, so it is right only for key lengths that are a "
-            f"multiple of {KEY_BLOCK} (got {n}); use causal=True, such a length, or another path"
+            f"softmax:sage: SageAttention's non-causal kernel (sageattention "
+            f"{package_version('sageattention') or '1.0'}) counts the zero padding of a partial "
+            f"key block in the softmax, so it is right only for key lengths that are a multiple "
+            f"of {KEY_BLOCK} (got {n}); use causal=True, such a length, or another path"
         )
     try:
         from sageattention import sageattn

@@ -120,6 +120,10 @@ def test_registry_fused_path(mech, path, overrides, causal, t, d, dtype):
             tolerance=path.tolerance,  # an approximate path's own bound
         )
     except AttnbenchError as e:  # an SDPA backend this GPU / dtype / head dim lacks; a refusal
+        if path.name == "xformers" and d in (64, 128):
+            # its kernels loaded (else the path was unavailable above), and every one of them
+            # takes half precision at these head dims: a refusal here is the adapter's fault
+            pytest.fail(f"xFormers refused a call its kernels take: {e}")
         pytest.skip(str(e))
     assert_ok(verdicts)
 

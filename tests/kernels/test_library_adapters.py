@@ -311,6 +311,13 @@ def test_xformers_without_compiled_kernels_is_unavailable_with_the_builds(monkey
     package._cpp_lib = types.SimpleNamespace(_built_with_cuda=False, _build_metadata=None)
     why = capabilities.reasons(["package:xformers"], "cuda")
     assert "(built for another torch or Python, or without CUDA;" in why
+    cpu_build = types.SimpleNamespace(torch_version="2.10.0+cpu", cuda_version=None)
+    package._cpp_lib = types.SimpleNamespace(_built_with_cuda=False, _build_metadata=cpu_build)
+    why = capabilities.reasons(["package:xformers"], "cuda")
+    assert "(built for torch 2.10.0+cpu without CUDA;" in why
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)  # ROCm: no CUDA, and fine
+    assert capabilities.reasons(["package:xformers"], "cuda") == ""
+    monkeypatch.setattr(torch.version, "hip", None, raising=False)
     package._cpp_lib._built_with_cuda = True
     assert capabilities.reasons(["package:xformers"], "cuda") == ""
 
