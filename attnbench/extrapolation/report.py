@@ -572,8 +572,15 @@ def length_axis(ax: Any, lengths: Sequence[int], train_len: int, title: str) -> 
     ax.set_ylabel("masked-token accuracy (%)")
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
+    if len(ax.get_legend_handles_labels()[1]) > LEGEND_INSIDE:
+        # many rows: beside the panel, where it hides no curve
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    else:
+        ax.legend(fontsize=7, loc="best")
 
+
+#: The most legend entries a panel keeps inside its axes; more go beside it.
+LEGEND_INSIDE = 8
 
 #: Columns that make a CSV an extrapolation table (``extrapolate.csv`` of ``run extrapolate``).
 TABLE_COLUMNS = ("variant", "kind", "seed", "train_len", "eval_len", "accuracy", "status")

@@ -28,7 +28,11 @@ from attnbench.costreport.mapping import (
 from attnbench.extrapolation.tricks import TRICKS
 
 ROOT = Path(__file__).resolve().parents[2]
-COMMITTED = ("results/extrapolate/cpu-before-preset", "results/extrapolate/cpu-families")
+COMMITTED = (
+    "results/extrapolate/cpu",
+    "results/extrapolate/cpu-before-preset",
+    "results/extrapolate/cpu-families",
+)
 #: The cpu preset: L = 64, 2 heads of 64, windows L/2.
 CPU = Context(train_len=64, local_window=32, rerope_window=32, heads=2, head_dim=64)
 
@@ -90,6 +94,12 @@ EXPECTED = {
     "O+chunk": ("longnet:efficient", "segments=((64, 1),)", 1.0, 2, 64),
     "O+rerope": ("softmax:reference", "", 2.0, 2, 64),
     "O+rerope+logn": ("softmax:reference", "", 2.0, 2, 64),
+    "O+yarn-dim": ("softmax:efficient", "", 1.0, 2, 64),
+    "O+rerope+logn^2": ("softmax:reference", "", 2.0, 2, 64),
+    "O+rerope@48+logn": ("softmax:reference", "", 2.0, 2, 64),
+    "O+rerope@63+logn": ("softmax:reference", "", 2.0, 2, 64),
+    "O+leaky+logn": ("softmax:reference", "", 2.0, 2, 64),
+    "O+hwfa": ("local:efficient", "window=32", 1.0, 2, 64),  # the last layer: SDPA (test below)
     "local-32": ("local:efficient", "window=32", 1.0, 2, 64),
     "aft-conv": ("aft-conv:efficient", "s=7", 1.0, 2, 64),
     "flash-32": ("flash:efficient", "chunk=32;expansion=2;norm=ns;s=128", 1.0, 1, 128),

@@ -18,7 +18,11 @@ from attnbench.extrapolation.config import load_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The committed tables ``attnbench report`` joins with this suite (results/report/).
-COMMITTED = ("results/extrapolate/cpu-before-preset", "results/extrapolate/cpu-families")
+COMMITTED = (
+    "results/extrapolate/cpu",
+    "results/extrapolate/cpu-before-preset",
+    "results/extrapolate/cpu-families",
+)
 
 
 def table_context(folder: str) -> Context:

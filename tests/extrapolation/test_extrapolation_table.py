@@ -234,3 +234,24 @@ def test_figure_draws_the_floor_and_a_fainter_backoff(tmp_path, monkeypatch):
         backoff = lines["count-backoff (no model, the old back-off rule)"]
         assert floor.get_linestyle() == "-." and backoff.get_linestyle() == "--"
         assert backoff.get_alpha() < (floor.get_alpha() or 1.0)
+
+
+@pytest.mark.parametrize("rows", [3, report.LEGEND_INSIDE + 1])
+def test_a_panel_with_many_rows_puts_its_legend_beside_it(rows):
+    """Up to LEGEND_INSIDE entries the legend sits inside the panel; beyond that (a table with
+    every evaluation-time row has 20) it goes beside the axes, where it covers no curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    for i in range(rows):
+        ax.plot([64, 128], [i, i + 1], label=f"row {i}")
+    report.length_axis(ax, [64, 128], 64, "panel")
+    fig.canvas.draw()
+    legend = ax.get_legend().get_window_extent()
+    axes = ax.get_window_extent()
+    beside = legend.x0 >= axes.x1
+    plt.close(fig)
+    assert beside == (rows > report.LEGEND_INSIDE)
