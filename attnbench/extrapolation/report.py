@@ -562,6 +562,10 @@ def figure(
     plt.close(fig)
 
 
+#: The most legend entries a panel keeps inside its axes; more go beside it.
+LEGEND_INSIDE = 8
+
+
 def length_axis(ax: Any, lengths: Sequence[int], train_len: int, title: str) -> None:
     """An accuracy-against-length panel's axes: log2 n with the lengths as ticks, L marked."""
     ax.axvline(train_len, color="grey", linewidth=0.8, alpha=0.6)
@@ -578,9 +582,6 @@ def length_axis(ax: Any, lengths: Sequence[int], train_len: int, title: str) -> 
     else:
         ax.legend(fontsize=7, loc="best")
 
-
-#: The most legend entries a panel keeps inside its axes; more go beside it.
-LEGEND_INSIDE = 8
 
 #: Columns that make a CSV an extrapolation table (``extrapolate.csv`` of ``run extrapolate``).
 TABLE_COLUMNS = ("variant", "kind", "seed", "train_len", "eval_len", "accuracy", "status")
