@@ -45,7 +45,8 @@ def by_residue(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, r: int) -> Tens
     n = q.shape[-2]
     classes = Residue(n, r)
     params = {"r": r}
-    return attend(q, k, v, [Part(classes, classes)], lambda i, j: visible(i, j, n, causal, params))
+    rule = lambda i, j: visible(i, j, n, causal, params)  # noqa: E731
+    return attend(q, k, v, [Part(classes, classes)], rule, key=("atrous", causal, r))
 
 
 MECHANISM = sparse_mechanism(

@@ -186,7 +186,8 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, **params: Any) -
         parts.append(Part(Blocks(n, b), Indexed(n, keys), keep=new_random))
     if global_pos.numel():
         parts.append(Part(Indexed(n, global_pos), Full(n), keep=the_rest))
-    return attend(q, k, v, parts, lambda i, j: visible(i, j, n, causal, params))
+    rule = lambda i, j: visible(i, j, n, causal, params)  # noqa: E731
+    return attend(q, k, v, parts, rule, key=("bigbird", causal, *sorted(params.items())))
 
 
 def _nonneg(name: str, default: int, help: str) -> Param:

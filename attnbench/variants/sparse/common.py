@@ -21,15 +21,20 @@ from attnbench.variants.dense import softmax_attention
 Visible = Callable[[Tensor, Tensor, int, bool, Mapping[str, Any]], Tensor]
 
 #: The query block edge b of banded parts. A band of w keys per side costs (2 ceil(w/b) + 1) * b
-#: score slots per query: 192 for w = b = 64 (129 attended). b = 32 (160 slots) and b = 128 (384)
-#: were both slower for local w = 64 at n = 8192 on this CPU (smaller matmuls and more shifted
-#: adds; more wasted slots).
+#: score slots per query: 192 for w = b = 64 (129 attended), 160 for b = 32. On the CPU the parts
+#: run on the fused flash kernel (:mod:`attnbench.variants.sparse.cpu_fused`), where b = 32 was
+#: the fastest forward for local w = 64, strided and sparse at n = 8192 (B=1 H=4 D=32, one thread:
+#: local 16.4 / 18.5 / 18.0 ms at b = 32 / 64 / 128). Elsewhere (the chunked path) b = 32 and
+#: b = 128 were both slower than 64 (smaller matmuls and more shifted adds; more wasted slots).
 BLOCK = 64
+CPU_BLOCK = 32
 
 
-def band_block(n: int, reach: int) -> int:
-    """Query block size for a band of ``reach`` keys on each side at length ``n``."""
-    return max(1, min(n, BLOCK, max(16, reach)))
+def band_block(n: int, reach: int, device: torch.device | None = None) -> int:
+    """Query block size for a band of ``reach`` keys on each side at length ``n``, on
+    ``device`` (the CPU's fused kernel prefers smaller blocks)."""
+    edge = CPU_BLOCK if device is not None and device.type == "cpu" else BLOCK
+    return max(1, min(n, edge, max(16, reach)))
 
 
 def pattern(visible: Visible, n: int, causal: bool, params: Mapping[str, Any]) -> Tensor:

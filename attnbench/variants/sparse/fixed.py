@@ -73,7 +73,8 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, s: int, c: int) 
     columns = j[(j % s >= s - c) & (n > s)]  # none outside the own block when n <= s
     if columns.numel():
         parts.append(Part(Full(n), Indexed(n, columns[None]), keep=other_block))
-    return attend(q, k, v, parts, lambda i, j: visible(i, j, n, causal, params))
+    rule = lambda i, j: visible(i, j, n, causal, params)  # noqa: E731
+    return attend(q, k, v, parts, rule, key=("fixed", causal, s, c))
 
 
 MECHANISM = sparse_mechanism(

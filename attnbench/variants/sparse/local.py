@@ -50,11 +50,12 @@ def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> 
 def banded(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int) -> Tensor:
     """Blocked band: each query block against its window of keys. q, k, v: [B, H, T, D]."""
     n = q.shape[-2]
-    b = band_block(n, window)
+    b = band_block(n, window, q.device)
     reach = ceil_div(window, b)  # in blocks
     part = Part(Blocks(n, b), Band(n, b, reach, 0 if causal else reach))
     params = {"window": window}
-    return attend(q, k, v, [part], lambda i, j: visible(i, j, n, causal, params))
+    rule = lambda i, j: visible(i, j, n, causal, params)  # noqa: E731
+    return attend(q, k, v, [part], rule, key=("local", causal, window))
 
 
 MECHANISM = sparse_mechanism(
@@ -69,7 +70,7 @@ MECHANISM = sparse_mechanism(
     reference=reference,
     efficient=banded,
     efficient_memory="O(n * window)",
-    efficient_note="query blocks against strided key-block windows; chunked, custom backward",
+    efficient_note="query blocks against strided key-block windows; CPU: fused flash kernel",
     flex_note="FlexAttention, window rule as a cached BlockMask",
     time="O(n w d)",
     memory="O(n w)",

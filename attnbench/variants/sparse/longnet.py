@@ -180,7 +180,8 @@ def dilated(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, segments: Any) -> 
     for w, r in normalize(segments):
         layout = Dilated(n, w, r)
         parts.append(Part(layout, layout, keep=lambda i, j, w=w, r=r: _branch(i, j, w, r, causal)))
-    return attend(q, k, v, parts, lambda i, j: torch.ones((), dtype=torch.bool, device=i.device))
+    every = lambda i, j: torch.ones((), dtype=torch.bool, device=i.device)  # noqa: E731
+    return attend(q, k, v, parts, every, key=("longnet", causal, tuple(normalize(segments))))
 
 
 def log_multiplicity(n: int, causal: bool, params: Mapping[str, Any]) -> ScoreMod:

@@ -38,19 +38,20 @@ def pair_count(n: int, causal: bool, params: Mapping[str, Any]) -> int:
 
 
 def band_plus_residue(
-    q: Tensor, k: Tensor, v: Tensor, causal: bool, reach: int, r: int, rule
+    q: Tensor, k: Tensor, v: Tensor, causal: bool, reach: int, r: int, rule, key: tuple
 ) -> Tensor:
     """The engine plan shared by ``sparse`` and ``strided``: the band |i - j| <= reach, plus the
-    residue classes mod r beyond it. q, k, v: [B, H, T, D] -> [B, H, T, Dv]."""
+    residue classes mod r beyond it (``key``: the pattern's name and parameters, for the mask
+    cache). q, k, v: [B, H, T, D] -> [B, H, T, Dv]."""
     n = q.shape[-2]
-    b = band_block(n, reach)
+    b = band_block(n, reach, q.device)
     in_band = lambda i, j: (i - j).abs() <= reach  # noqa: E731
     blocks = ceil_div(reach, b)
     parts = [Part(Blocks(n, b), Band(n, b, blocks, 0 if causal else blocks), keep=in_band)]
     if n - 1 > reach:
         classes = Residue(n, r)
         parts.append(Part(classes, classes, keep=lambda i, j: (i - j).abs() > reach))
-    return attend(q, k, v, parts, rule)
+    return attend(q, k, v, parts, rule, key=(*key, causal))
 
 
 def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int, r: int) -> Tensor:
@@ -62,7 +63,7 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: int, r: 
     """Band plus residue classes, merged by log-sum-exp. q, k, v: [B, H, T, D]."""
     n, params = q.shape[-2], {"window": window, "r": r}
     rule = lambda i, j: visible(i, j, n, causal, params)  # noqa: E731
-    return band_plus_residue(q, k, v, causal, window, r, rule)
+    return band_plus_residue(q, k, v, causal, window, r, rule, ("sparse", window, r))
 
 
 MECHANISM = sparse_mechanism(

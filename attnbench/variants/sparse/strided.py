@@ -44,7 +44,7 @@ def efficient(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, s: int) -> Tenso
     """Band of s - 1 plus residue classes mod s, merged by log-sum-exp. q, k, v: [B, H, T, D]."""
     n, params = q.shape[-2], {"s": s}
     rule = lambda i, j: visible(i, j, n, causal, params)  # noqa: E731
-    return band_plus_residue(q, k, v, causal, s - 1, s, rule)
+    return band_plus_residue(q, k, v, causal, s - 1, s, rule, ("strided", s))
 
 
 MECHANISM = sparse_mechanism(
