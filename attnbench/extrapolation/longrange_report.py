@@ -103,7 +103,7 @@ def _section(title: str, rows: list[dict[str, Any]], lengths: Sequence[int]) -> 
     if not rows:
         return [f"## {title}", "", "(no distance on this side at the evaluated lengths)", ""]
     summary = report.summarise(rows)
-    lines = [f"## {title}", "", report.markdown_table(summary, lengths), ""]
+    lines = [f"## {title}", "", report.markdown_table(summary, lengths, published=False), ""]
     diff = report.paired_difference(rows)
     if not diff.empty:
         lines += [
@@ -150,7 +150,44 @@ def markdown(rows: Sequence[dict[str, Any]], train_len: int, title: str, command
     lines += _section(
         f"Copy accuracy, distances d < L = {train_len}", pooled(cells, False), lengths
     )
+    lines += _against_window(rows, beyond, train_len, lengths)
     return "\n".join(lines).rstrip() + "\n"
+
+
+#: The row every other is read against on both spans: a window of keys around each query.
+WINDOW_ROW = "O+local"
+
+
+def _against_window(
+    rows: Sequence[dict[str, Any]],
+    beyond: list[dict[str, Any]],
+    train_len: int,
+    lengths: Sequence[int],
+) -> list[str]:
+    """Every model row minus :data:`WINDOW_ROW`, paired by seed, on the standard span and on
+    the copy beyond L: does a row that attends over every key match the window where the task
+    is local and beat it where it is not? [] when the run has no window row."""
+    standard = [r for r in rows if r.get("status") == "ok"]
+    if WINDOW_ROW not in {r["variant"] for r in standard}:
+        return []
+    lines = [
+        f"## Against the window row {WINDOW_ROW}",
+        "",
+        f"Each model row minus {WINDOW_ROW} (every query sees only the keys within its window), "
+        "paired by seed, in the format above (descriptive). A row that attends over every key "
+        "should be close to it on the standard span, where the task is mostly local, and above it "
+        f"on the long-range span beyond L = {train_len}, where only reading far back helps.",
+        "",
+    ]
+    for name, span_rows in (
+        ("Standard span", standard),
+        (f"Long-range span, copy accuracy at d >= L = {train_len}", beyond),
+    ):
+        diff = report.paired_difference(span_rows, base=WINDOW_ROW)
+        if diff.empty:
+            continue
+        lines += [f"{name}:", "", report.markdown_difference(diff, lengths, base=WINDOW_ROW), ""]
+    return lines
 
 
 def figure(standard: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], train_len: int,

@@ -172,8 +172,11 @@ def _fmt(mean: float, std: float, count: int) -> str:
     return f"{mean:.2f} ± {std:.2f}"
 
 
-def table_cells(summary: pd.DataFrame, lengths: Sequence[int]) -> list[tuple[str, str, list[str]]]:
-    """(variant, kind, [cell per length]) rows of the summary, then the published rows."""
+def table_cells(
+    summary: pd.DataFrame, lengths: Sequence[int], published: bool = True
+) -> list[tuple[str, str, list[str]]]:
+    """(variant, kind, [cell per length]) rows of the summary, then (``published``) Su 2021's
+    published rows."""
     out = []
     for variant, group in summary.groupby("variant", sort=False):
         by_n = {int(r.eval_len): r for r in group.itertuples()}
@@ -187,7 +190,7 @@ def table_cells(summary: pd.DataFrame, lengths: Sequence[int]) -> list[tuple[str
             else:
                 cells.append(_fmt(r.mean, r.std, int(r.count)))
         out.append((variant, str(group["kind"].iloc[0]), cells))
-    for name, values in PUBLISHED.items():
+    for name, values in PUBLISHED.items() if published else ():
         out.append((name, "published", [_pub(values, n) for n in lengths]))
     return out
 
@@ -196,11 +199,13 @@ def _pub(values: dict[int, float], n: int) -> str:
     return f"{values[n]:.2f}" if n in values else "-"
 
 
-def markdown_table(summary: pd.DataFrame, lengths: Sequence[int]) -> str:
+def markdown_table(summary: pd.DataFrame, lengths: Sequence[int], published: bool = True) -> str:
+    """The summary as a Markdown table; ``published``: Su 2021's rows below it (the standard
+    span only: they were measured on no other)."""
     head = "| variant | kind | " + " | ".join(f"n={n}" for n in lengths) + " |"
     sep = "|---|---|" + "---:|" * len(lengths)
     lines = [head, sep]
-    for variant, kind, cells in table_cells(summary, lengths):
+    for variant, kind, cells in table_cells(summary, lengths, published):
         lines.append(f"| {variant} | {kind} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -185,6 +185,13 @@ def test_a_run_with_the_long_range_span_writes_both_spans(tmp_path):
     assert (far["correct"] == far["no_copy_correct"]).all()
     md = (out / "longrange.md").read_text()
     assert "Copy accuracy, distances d >= L = 16" in md and "No-copy level" in md
+    # Su 2021's published numbers were measured on the standard span only
+    assert "Su 2021" not in md and "Su 2021" in (out / "table.md").read_text()
+    # every model row against the window row, on both spans
+    against = md.split("## Against the window row O+local")[1]
+    assert "Standard span:" in against
+    assert "Long-range span, copy accuracy at d >= L = 16" in against
+    assert "| O+chunk |" in against and "| O |" in against and "| O+local |" not in against
     assert (out / "standard_vs_long_range.png").stat().st_size > 10_000
     side = (out / "extrapolate.json").read_text()
     assert "longrange.csv" in side and '"copy_share": 0.5' in side
