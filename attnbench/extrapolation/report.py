@@ -226,6 +226,11 @@ def _difference_rows(diff: pd.DataFrame, lengths: Sequence[int], label: Any) -> 
     return lines
 
 
+def difference_rows(diff: pd.DataFrame, lengths: Sequence[int]) -> list[str]:
+    """Markdown table rows of a :func:`contrast` frame, each named ``variant − base``."""
+    return _difference_rows(diff, lengths, minus)
+
+
 def markdown_difference(diff: pd.DataFrame, lengths: Sequence[int], base: str = "O") -> str:
     """variant − base per length: mean [95 % interval] p over seeds and the sign count;
     significant (p < 0.05) cells in bold."""

@@ -136,6 +136,25 @@ def _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command)
     }
 
 
+def _differences(rows, lengths, stream: EvalStream) -> list[str]:
+    """The paired differences to O and their within-seed bootstrap; nothing when O is the only
+    model row (a run of O alone has no difference to show)."""
+    models = {r["variant"] for r in rows if r.get("status") == "ok" and r["kind"] != "baseline"}
+    if not models - {"O"}:
+        return []
+    return [
+        report.differences_markdown(rows, lengths),
+        "",
+        f"Within one seed, the evaluation text's own sampling error: 95 % bootstrap interval "
+        f"of variant − O over the span's {stream.pieces} pieces (resampled with replacement, "
+        f"{report.BOOTSTRAP_DRAWS} draws, paired), its half-width averaged over seeds "
+        "(points):",
+        "",
+        report.markdown_within_seed(report.within_seed(rows, PIECES), lengths),
+        "",
+    ]
+
+
 def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStream) -> str:
     masked = {n: int(stream.windows(n)[1].sum()) for n in lengths}
     counts = report.count_rows_markdown(rows, report.TrainingExamples.from_config(cfg))
@@ -152,15 +171,7 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
             report.markdown_table(summary, lengths),
             "",
             *([*counts, ""] if counts else []),
-            report.differences_markdown(rows, lengths),
-            "",
-            f"Within one seed, the evaluation text's own sampling error: 95 % bootstrap interval "
-            f"of variant − O over the span's {stream.pieces} pieces (resampled with replacement, "
-            f"{report.BOOTSTRAP_DRAWS} draws, paired), its half-width averaged over seeds "
-            "(points):",
-            "",
-            report.markdown_within_seed(report.within_seed(rows, PIECES), lengths),
-            "",
+            *_differences(rows, lengths, stream),
             *(
                 [
                     "Su 2021's shape, E − O (on the mean, with its sign count and paired t-test; "

@@ -131,6 +131,19 @@ def test_eval_only_reuses_checkpoints(trained):
     assert (models["train_time_s"] == models["train_time_s_before"]).all()
 
 
+def test_a_table_of_o_alone_has_no_empty_difference_tables(trained, tmp_path):
+    _, corpus, out, _ = trained
+    alone = tmp_path / "alone"
+    res = invoke(
+        "extrapolate", *TINY, "--corpus", str(corpus), "--out", str(alone), "--eval-only",
+        "--checkpoints", str(out / "checkpoints"), "--variants", "O", "--eval-time", "none",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    table = (alone / "table.md").read_text()
+    assert "| O | trained |" in table
+    assert "Difference to O" not in table and "bootstrap interval" not in table
+
+
 def test_existing_checkpoints_need_a_flag(trained):
     _, corpus, out, _ = trained
     res = invoke("extrapolate", *TINY, "--corpus", str(corpus), "--out", str(out))
