@@ -114,6 +114,13 @@ class EvalConfig(Checked):
         "published experiment evaluates at 0.15 whatever the training masked",
         valid=Rule(lambda p: 0 <= p < 1, "0 (the training's) or a number in (0, 1)"),
     )
+    positions_as_trained: bool = setting(
+        True,
+        "a run with train.random_positions = P: evaluate each window of n < P tokens at sorted "
+        "distinct positions drawn from 0..P-1, as training did and as the reference code of "
+        "Ruoss et al. 2023 does at test time (n >= P: 0..n-1); false: 0..n-1 always. Rows whose "
+        "layers take no explicit positions (the eval-time rows) read 0..n-1",
+    )
     long_range: bool = setting(
         False,
         "also evaluate every row on the long-range span (a verbatim copy of each window's own "

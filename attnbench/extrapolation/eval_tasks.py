@@ -18,7 +18,7 @@ from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation import baseline, longrange, longrange_report
 from attnbench.extrapolation.config import EvalTimeVariant, ExtrapConfig, TrainedVariant, spec_json
 from attnbench.extrapolation.evaluate import EvalStream, evaluate
-from attnbench.extrapolation.model import MLMEncoder, build_model
+from attnbench.extrapolation.model import EvalPositions, MLMEncoder, build_model
 from attnbench.extrapolation.plan import Plan
 from attnbench.extrapolation.train import load_checkpoint
 from attnbench.extrapolation.tricks import TrickMixer
@@ -120,8 +120,21 @@ def _failed_row(cfg, label, kind, seed, n, ckpt, reason, **extra) -> dict[str, A
     }
 
 
+def _eval_positions(cfg: ExtrapConfig, model: MLMEncoder) -> EvalPositions | None:
+    """The evaluation positions of a model trained with randomized positions (see
+    ``eval.positions_as_trained``), or None (0..n-1)."""
+    span = cfg.train.random_positions
+    if not (span and cfg.eval.positions_as_trained and model.takes_positions()):
+        return None
+    return EvalPositions(span, cfg.eval.seed)
+
+
 def _eval_all(cfg, log, model, label, kind, seed, ckpt, stream, chunk=None, **extra):
     extra["model_params"] = model.num_params()
+    positions = _eval_positions(cfg, model)
+    if positions is not None:
+        said = f"rotary positions: sorted random ids from 0..{positions.span - 1} at n < "
+        extra["note"] = "; ".join(filter(None, [extra.get("note", ""), said + str(positions.span)]))
     rows = []
     for n in cfg.eval.lengths:
         try:
@@ -132,6 +145,7 @@ def _eval_all(cfg, log, model, label, kind, seed, ckpt, stream, chunk=None, **ex
                 chunk=chunk,
                 batch_tokens=cfg.eval.batch_tokens,
                 entropy_tokens=cfg.eval.entropy_tokens,
+                positions=positions,
             )
         except (AttnbenchError, RuntimeError) as e:  # a mechanism that cannot run at this n
             reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -141,7 +155,9 @@ def _eval_all(cfg, log, model, label, kind, seed, ckpt, stream, chunk=None, **ex
         rows.append(_row(cfg, label, kind, seed, res, ckpt, **extra))
         if cfg.eval.long_range:
             try:
-                rows[-1][longrange_report.CELLS] = _long_range(cfg, model, stream, n, chunk)
+                rows[-1][longrange_report.CELLS] = _long_range(
+                    cfg, model, stream, n, chunk, positions
+                )
             except (AttnbenchError, RuntimeError, ValueError) as e:  # the standard row stays
                 log(f"{label} seed {seed} n={n}: long-range span failed: {type(e).__name__}: "
                     f"{str(e).splitlines()[0][:200]}")  # fmt: skip
@@ -150,7 +166,7 @@ def _eval_all(cfg, log, model, label, kind, seed, ckpt, stream, chunk=None, **ex
     return rows
 
 
-def _long_range(cfg: ExtrapConfig, model, stream: EvalStream, n: int, chunk: int | None):
+def _long_range(cfg: ExtrapConfig, model, stream: EvalStream, n: int, chunk: int | None, positions):
     """The long-range span at length n (:mod:`attnbench.extrapolation.longrange`)."""
     tokens, mask = stream.windows(n)
     return longrange.evaluate_long_range(
@@ -162,6 +178,7 @@ def _long_range(cfg: ExtrapConfig, model, stream: EvalStream, n: int, chunk: int
         distances=cfg.eval.copy_distances,
         chunk=chunk,
         batch_tokens=cfg.eval.batch_tokens,
+        positions=positions,
     )
 
 

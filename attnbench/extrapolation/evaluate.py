@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.model import MASK_ID
+from attnbench.extrapolation.model import MASK_ID, EvalPositions
 from attnbench.extrapolation.tricks import TrickMixer
 from attnbench.layers import AttentionMixer
 
@@ -322,12 +322,15 @@ def evaluate(
     chunk: int | None = None,
     batch_tokens: int = 16384,
     entropy_tokens: int = 2048,
+    positions: EvalPositions | None = None,
 ) -> EvalResult:
     """Masked-token accuracy and loss of ``model`` on the span cut into windows of n tokens.
 
     ``chunk``: run each window as independent chunks of that many tokens (the sanity floor).
     Entropy is measured on the windows within the first ``entropy_tokens`` tokens of the span
-    (at least one window; the same text for every variant); 0 turns it off.
+    (at least one window; the same text for every variant); 0 turns it off. ``positions``: the
+    rotary positions of each window (or chunk) for a model trained with randomized positions
+    (:class:`EvalPositions`); None: 0..n-1.
     """
     t0 = time.perf_counter()
     model.eval()
@@ -341,6 +344,7 @@ def evaluate(
     with LengthGuard(model) as guard, EntropyProbe(model) as probe:
         for (ptoks, pmask, m), ppos in zip(parts, places, strict=True):
             rows = ptoks.shape[0]
+            rotary = positions.draw(rows, m) if positions is not None else None
             first = max(1, entropy_tokens // n) if entropy_tokens else 0  # windows probed
             split = min(rows, first * (rows // W))  # their rows (chunks) in this part
             per_batch = max(1, batch_tokens // m)
@@ -348,7 +352,8 @@ def evaluate(
                 probe.active = active
                 for b0 in range(lo, hi, per_batch):
                     b1 = min(hi, b0 + per_batch)
-                    right = _score(model, ptoks[b0:b1], pmask[b0:b1], res, guard, m)
+                    at = rotary[b0:b1] if rotary is not None else None
+                    right = _score(model, ptoks[b0:b1], pmask[b0:b1], res, guard, m, at)
                     hits[ppos[b0:b1][pmask[b0:b1]][right]] = True
         res.entropy = probe.means()
     res.seconds = time.perf_counter() - t0
@@ -364,15 +369,19 @@ def evaluate(
     return res
 
 
-def _score(model: nn.Module, x: Tensor, xm: Tensor, res: EvalResult, guard, m: int) -> Tensor:
-    """Score one batch into ``res``; returns which masked tokens (row-major) were right."""
+def _score(
+    model: nn.Module, x: Tensor, xm: Tensor, res: EvalResult, guard, m: int, at: Tensor | None
+) -> Tensor:
+    """Score one batch into ``res``; returns which masked tokens (row-major) were right. ``at``:
+    the windows' rotary positions (None: 0..m-1)."""
     if x.shape[1] != m:
         raise LengthCheckError(f"batch has length {x.shape[1]}, expected {m}")
     device = next(model.parameters()).device
     x, xm = x.to(device), xm.to(device)
     inputs = x.masked_fill(xm, MASK_ID)  # (b, m)
     try:
-        hidden = model.hidden_at(inputs, xm)  # (N, C): the masked positions only
+        at = at.to(device) if at is not None else None
+        hidden = model.hidden_at(inputs, xm, at)  # (N, C): the masked positions only
     except (IndexError, RuntimeError):  # a length mismatch inside: say so if it is one
         guard.expect(m)
         raise

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnbench.extrapolation.model import MASK_ID
+from attnbench.extrapolation.model import MASK_ID, EvalPositions
 
 #: Bytes copied per window (at most n - d).
 COPY_LENGTH = 64
@@ -103,11 +103,13 @@ def hits(
     *,
     chunk: int | None = None,
     batch_tokens: int = 4096,
+    positions: EvalPositions | None = None,
 ) -> Tensor:
     """[W, n] bool: where ``model``, reading windows ``tokens`` [W, n] with the ``mask``
     positions given as [MASK], predicts the byte right, at the ``scored`` positions (a subset of
     the mask; False elsewhere). ``chunk``: each window run as independent chunks of that many
-    tokens (the O+chunk row)."""
+    tokens (the O+chunk row). ``positions``: the windows' (or chunks') rotary positions for a
+    model trained with randomized positions; None: 0..n-1."""
     if bool((scored & ~mask).any()):
         raise ValueError("scored positions must be masked")
     model.eval()
@@ -120,7 +122,7 @@ def hits(
         return torch.cat(
             [
                 hits(model, *(_chunked(t[:, lo:hi], size) for t in (tokens, mask, scored)),
-                     batch_tokens=batch_tokens).view(shape[0], hi - lo)
+                     batch_tokens=batch_tokens, positions=positions).view(shape[0], hi - lo)
                 for lo, hi, size in parts
             ],
             dim=1,
@@ -128,12 +130,14 @@ def hits(
     device = next(model.parameters()).device
     out = torch.zeros(tokens.shape, dtype=torch.bool)
     per_batch = max(1, batch_tokens // tokens.shape[1])
+    rotary = positions.draw(*tokens.shape) if positions is not None else None  # (W, n) or None
     for b0 in range(0, tokens.shape[0], per_batch):
         rows = slice(b0, b0 + per_batch)
         x, xm, xs = (t[rows].to(device) for t in (tokens, mask, scored))
         if not bool(xs.any()):
             continue
-        hidden = model.hidden_at(x.masked_fill(xm, MASK_ID), xs)  # (N, C)
+        at = rotary[rows].to(device) if rotary is not None else None
+        hidden = model.hidden_at(x.masked_fill(xm, MASK_ID), xs, at)  # (N, C)
         right = (model.logits(hidden).argmax(-1) == x[xs]).cpu()  # (N,)
         block = out[rows]
         block[xs.cpu()] = right
@@ -183,12 +187,13 @@ def evaluate_long_range(
     distances: Sequence[int] = DISTANCES,
     chunk: int | None = None,
     batch_tokens: int = 4096,
+    positions: EvalPositions | None = None,
 ) -> list[LongRangeResult]:
     """Every distance of :func:`distances_at` on windows ``tokens`` [W, n] with ``mask``: the
     copy planted with a generator seeded by ``seed`` and the distance (the same copies for every
     row and training seed), scored with and without it."""
     n = tokens.shape[1]
-    kw = {"chunk": chunk, "batch_tokens": batch_tokens}
+    kw = {"chunk": chunk, "batch_tokens": batch_tokens, "positions": positions}
     out = []
     for d in distances_at(n, distances):
         gen = torch.Generator().manual_seed((seed * 100_003 + d) % 2**63)

@@ -51,7 +51,7 @@ from torch import Tensor, nn
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation import longrange
-from attnbench.extrapolation.model import MASK_ID
+from attnbench.extrapolation.model import MASK_ID, sorted_random_positions
 from attnbench.runtime.outputs import atomic_open, write_failed
 from attnbench.runtime.progress import Progress, Silent
 from attnbench.runtime.schema import Checked, above, at_least, finite, inside, setting, within
@@ -293,9 +293,7 @@ class TrainingBatches:
         when random positions are off."""
         if not self.span:
             return None
-        gen = self.generators["positions"]
-        keys = torch.rand((windows, self.span), generator=gen, dtype=torch.float64)  # (W, P)
-        return keys.topk(length, dim=1).indices.sort(dim=1).values  # (W, l) long
+        return sorted_random_positions(windows, length, self.span, self.generators["positions"])
 
     def state(self) -> dict[str, Tensor]:
         """The generators' states: ``windows`` (the sampler's) and those of the options on."""

@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -19,7 +20,14 @@ from attnbench.cli import app
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.config import load_preset
 from attnbench.extrapolation.distributed import shares
-from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
+from attnbench.extrapolation.evaluate import EvalStream, evaluate
+from attnbench.extrapolation.model import (
+    MASK_ID,
+    EvalPositions,
+    MixerSpec,
+    ModelConfig,
+    build_model,
+)
 from attnbench.extrapolation.run import run_extrapolate
 from attnbench.extrapolation.train import (
     BatchSampler,
@@ -279,6 +287,60 @@ def test_evaluation_is_unaffected_by_random_positions():
     assert not torch.allclose(model(short, positions), before[0])
     after = model(short), model(long)
     assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+
+
+def test_evaluation_positions_are_drawn_as_in_training_below_the_span():
+    draw = EvalPositions(span=64, seed=7).draw
+    pos = draw(5, L)
+    assert pos.shape == (5, L) and (pos.diff(dim=1) > 0).all()
+    assert pos.min() >= 0 and pos.max() < 64
+    assert torch.equal(pos, draw(5, L))  # the same draw for every row and training seed
+    assert not torch.equal(pos, EvalPositions(span=64, seed=8).draw(5, L))
+    assert len({tuple(r) for r in pos.tolist()}) == 5  # each window its own
+    assert draw(3, 64) is None and draw(3, 100) is None  # n >= P: 0..n-1
+
+
+def test_evaluate_reads_each_window_at_its_drawn_positions():
+    """evaluate() with EvalPositions scores what hidden_at gives at the drawn positions, and
+    differs from the plain evaluation (the positions reach the model)."""
+    model = tiny_model().eval()
+    n, span = L, 256
+    tokens = (torch.arange(6 * n) * 7919 % 251).to(torch.uint8)
+    mask = torch.rand(6 * n, generator=torch.Generator().manual_seed(5)) < 0.3
+    stream = EvalStream(tokens, mask, n)
+    positions = EvalPositions(span, seed=1)
+    drawn = evaluate(model, stream, n, positions=positions, entropy_tokens=0)
+    plain = evaluate(model, stream, n, entropy_tokens=0)
+    x, xm = stream.windows(n)
+    with torch.no_grad():
+        hidden = model.hidden_at(x.masked_fill(xm, MASK_ID), xm, positions.draw(*x.shape))
+        logits = model.logits(hidden)
+        loss = float(torch.nn.functional.cross_entropy(logits, x[xm].long(), reduction="sum"))
+    right = logits.argmax(-1) == x[xm]
+    assert drawn.correct == int(right.sum()) and drawn.masked == int(xm.sum())
+    assert drawn.loss_sum == pytest.approx(loss, rel=1e-6)
+    assert drawn.loss_sum != plain.loss_sum
+
+
+def test_a_random_positions_run_says_how_it_evaluated(tmp_path):
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    base = ["run", "extrapolate", *TINY, "--corpus", str(corpus), "--variants", "O",
+            "--eval-time", "local", "--set", "train.random_positions=64"]  # fmt: skip
+    out = tmp_path / "out"
+    result = CliRunner().invoke(app, [*base, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    again = tmp_path / "plain"
+    result = CliRunner().invoke(app, [*base, "--out", str(again), "--eval-only", "--checkpoints",
+                                      str(out / "checkpoints"), "--set",
+                                      "eval.positions_as_trained=false"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    drawn, plain = (pd.read_csv(d / "extrapolate.csv").set_index(["variant", "eval_len"])
+                    for d in (out, again))  # fmt: skip
+    assert drawn.loc["O"]["note"].str.contains("sorted random ids from 0..63").all()
+    assert plain.loc["O"]["note"].isna().all()
+    assert (drawn.loc["O"]["loss"] != plain.loc["O"]["loss"]).any()
+    # eval-time rows take no explicit positions: 0..n-1 in both runs
+    assert drawn.loc["O+local"]["loss"].tolist() == plain.loc["O+local"]["loss"].tolist()
 
 
 def test_share_losses_with_positions_add_up_to_the_batch_loss():
