@@ -20,7 +20,8 @@ from torch import Tensor
 from attnbench.core import sources
 from attnbench.core.spec import positive_int
 from attnbench.variants.sparse.common import masked_reference, residue_count
-from attnbench.variants.sparse.engine import Part, Residue, attend
+from attnbench.variants.sparse.engine import Part, Residue
+from attnbench.variants.sparse.executor import attend
 from attnbench.variants.sparse.record import sparse_mechanism
 
 

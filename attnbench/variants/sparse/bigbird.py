@@ -34,7 +34,8 @@ from torch import Tensor
 from attnbench.core import sources
 from attnbench.core.spec import Param, positive_int
 from attnbench.variants.sparse.common import masked_reference
-from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part, attend, ceil_div
+from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part, ceil_div
+from attnbench.variants.sparse.executor import attend
 from attnbench.variants.sparse.record import sparse_mechanism
 
 KEYS = ("block", "window_blocks", "global_blocks", "random_blocks", "seed")

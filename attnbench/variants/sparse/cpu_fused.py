@@ -250,7 +250,8 @@ def _lse_dtype(q: Tensor) -> torch.dtype:
 def attend(
     q: Tensor, k: Tensor, v: Tensor, parts: Sequence[Part], rule: Rule, key: Hashable | None
 ) -> Tensor:
-    """:func:`engine.attend` on the fused CPU kernel (:func:`supports` must hold)."""
+    """:func:`attnbench.variants.sparse.executor.attend` on the fused CPU kernel (:func:`supports`
+    must hold)."""
     prepared = _prepared(key, parts, rule, q.shape[-2], q)
     scale = 1.0 / math.sqrt(q.shape[-1])
     return _FusedParts.apply(q, k, v, prepared, scale)

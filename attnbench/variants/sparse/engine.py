@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -495,29 +495,14 @@ def merge(results: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
     return out / torch.where(total > 0, total, 1.0).unsqueeze(-1)  # (B, H, n, Dv)
 
 
-def attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    parts: Sequence[Part],
-    rule: Rule,
-    key: Hashable | None = None,
-) -> Tensor:
-    """Softmax attention restricted to ``rule`` over the union of ``parts``.
+def attend_chunked(q: Tensor, k: Tensor, v: Tensor, parts: Sequence[Part], rule: Rule) -> Tensor:
+    """Softmax attention restricted to ``rule`` over the union of ``parts``, chunk by chunk (the
+    executor off the CPU; :func:`attnbench.variants.sparse.executor.attend` chooses).
 
     q, k ``[B, H, n, D]``, v ``[B, H, n, Dv]`` -> ``[B, H, n, Dv]``; scale 1/sqrt(D).
-
-    On the CPU (:func:`cpu_fused.supports`) the parts run on PyTorch's fused flash-attention
-    kernel (:mod:`attnbench.variants.sparse.cpu_fused`); elsewhere chunk by chunk here. ``key``:
-    what identifies the pattern at this length besides n (e.g. its name, causal and
-    parameters), so that its masks are built once and reused; None builds them every call.
     """
     if not parts:
         raise ValueError("attend needs at least one part")
-    from attnbench.variants.sparse import cpu_fused  # it builds on this module
-
-    if cpu_fused.supports(q, k, v):
-        return cpu_fused.attend(q, k, v, parts, rule, key)
     scale = 1.0 / math.sqrt(q.shape[-1])
     results = []
     for part in parts:

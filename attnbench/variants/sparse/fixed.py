@@ -21,7 +21,8 @@ from torch import Tensor
 from attnbench.core import sources
 from attnbench.core.spec import positive_int
 from attnbench.variants.sparse.common import masked_reference, rows
-from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part, attend
+from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part
+from attnbench.variants.sparse.executor import attend
 from attnbench.variants.sparse.record import sparse_mechanism
 
 

@@ -42,7 +42,8 @@ from attnbench.core import sources
 from attnbench.core.spec import Param, Shape
 from attnbench.kernels.flex import ScoreMod
 from attnbench.variants.dense import softmax_attention
-from attnbench.variants.sparse.engine import Dilated, Part, attend
+from attnbench.variants.sparse.engine import Dilated, Part
+from attnbench.variants.sparse.executor import attend
 from attnbench.variants.sparse.record import sparse_mechanism
 
 Segments = tuple[tuple[int, int], ...]

@@ -22,7 +22,8 @@ from torch import Tensor
 from attnbench.core import sources
 from attnbench.core.spec import positive_int
 from attnbench.variants.sparse.common import band_and_residue_count, band_block, masked_reference
-from attnbench.variants.sparse.engine import Band, Blocks, Part, Residue, attend, ceil_div
+from attnbench.variants.sparse.engine import Band, Blocks, Part, Residue, ceil_div
+from attnbench.variants.sparse.executor import attend
 from attnbench.variants.sparse.record import sparse_mechanism
 
 
