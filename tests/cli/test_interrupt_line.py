@@ -23,17 +23,18 @@ from tests.runtime.test_stop_and_kill import ENV, start, wait_for
 runner = CliRunner()
 
 #: Two small models (trained in seconds) whose evaluation takes several seconds each (idle: about
-#: 3 s; the signal must land inside E's, however slow the start of its line on a loaded machine).
+#: 6 s; the signal must land inside E's, however slow the start of its line on a loaded machine;
+#: with half the tokens, about 3 s, one clean-clone CI run saw E's evaluation end first).
 SLOW_EVALUATION = [
     "--d-model", "256", "--layers", "2", "--heads", "2", "--train-len", "16", "--batch", "8",
     "--steps", "12", "--warmup", "2", "--threads", "1", "--ckpt-every", "5",
     "--variants", "O,E", "--eval-time", "none", "--eval-lengths", "16,32,64,128,256,512",
-    "--eval-tokens", "30000",
+    "--eval-tokens", "60000",
 ]  # fmt: skip
 
 
 def test_ctrl_c_during_evaluation_is_one_line_with_the_rows_kept(tmp_path):
-    corpus = make_corpus(tmp_path / "c.txt", words=80000)
+    corpus = make_corpus(tmp_path / "c.txt", words=160000)  # held-out text for 60,000 tokens
     out, err = tmp_path / "x", tmp_path / "err.txt"
     args = ["run", "extrapolate", "--corpus", str(corpus), *SLOW_EVALUATION, "--out", str(out)]
     trained = subprocess.run([sys.executable, "-m", "attnbench", *args, "--train-only"],
