@@ -53,19 +53,17 @@ def markdown(df: pd.DataFrame, contrasts: list[tuple[str, str]], command: str) -
         report.markdown_table(report.summarise(rows), lengths, published=False),
     ]
     if contrasts:
-        head = "| contrast | " + " | ".join(f"n={n}" for n in lengths) + " |"
-        table = [head, "|---|" + "---:|" * len(lengths)]
+        frames = []
         for a, b in contrasts:
-            frame = report.contrast(rows, a, b)
-            if frame.empty:
+            frames.append(report.contrast(rows, a, b))
+            if frames[-1].empty:
                 raise SystemExit(f"--contrast {a!r} {b!r}: no seed has both rows")
-            table += report.difference_rows(frame, lengths)
         lines += [
             "",
             "Paired by seed (points): mean [95 % t-interval], p of the paired t-test, sign "
             "count; bold where p < 0.05 (descriptive: no correction for the number of cells):",
             "",
-            *table,
+            *report.contrast_table(frames, lengths),
         ]
     return "\n".join(lines) + "\n"
 

@@ -133,8 +133,9 @@ def _eval_all(cfg, log, model, label, kind, seed, ckpt, stream, chunk=None, **ex
     extra["model_params"] = model.num_params()
     positions = _eval_positions(cfg, model)
     if positions is not None:
-        said = f"rotary positions: sorted random ids from 0..{positions.span - 1} at n < "
-        extra["note"] = "; ".join(filter(None, [extra.get("note", ""), said + str(positions.span)]))
+        span = positions.span
+        said = f"rotary positions: sorted random ids from 0..{span - 1} at n < {span}"
+        extra["note"] = "; ".join(filter(None, [extra.get("note", ""), said]))
     rows = []
     for n in cfg.eval.lengths:
         try:

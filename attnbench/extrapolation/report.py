@@ -226,11 +226,6 @@ def _difference_rows(diff: pd.DataFrame, lengths: Sequence[int], label: Any) -> 
     return lines
 
 
-def difference_rows(diff: pd.DataFrame, lengths: Sequence[int]) -> list[str]:
-    """Markdown table rows of a :func:`contrast` frame, each named ``variant − base``."""
-    return _difference_rows(diff, lengths, minus)
-
-
 def markdown_difference(diff: pd.DataFrame, lengths: Sequence[int], base: str = "O") -> str:
     """variant − base per length: mean [95 % interval] p over seeds and the sign count;
     significant (p < 0.05) cells in bold."""
@@ -273,17 +268,22 @@ def markdown_contrasts(
     found = [(a, b, why, frame) for a, b, why, frame in found if not frame.empty]
     if not found:
         return []
-    head = "| contrast | " + " | ".join(f"n={n}" for n in lengths) + " |"
-    table = [head, "|---|" + "---:|" * len(lengths)]
-    for _, _, _, frame in found:
-        table += _difference_rows(frame, lengths, minus)
     return [
         "Other contrasts, paired by seed (points), in the same format (descriptive):",
         "",
         *(f"- {minus(a, b)}: {why}." for a, b, why, _ in found),
         "",
-        *table,
+        *contrast_table([frame for *_, frame in found], lengths),
     ]
+
+
+def contrast_table(frames: Sequence[pd.DataFrame], lengths: Sequence[int]) -> list[str]:
+    """A Markdown table of :func:`contrast` frames, one row each, named ``variant − base``."""
+    head = "| contrast | " + " | ".join(f"n={n}" for n in lengths) + " |"
+    table = [head, "|---|" + "---:|" * len(lengths)]
+    for frame in frames:
+        table += _difference_rows(frame, lengths, minus)
+    return table
 
 
 def differences_markdown(

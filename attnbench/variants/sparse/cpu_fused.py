@@ -67,7 +67,7 @@ class _Prepared:
     has_keys: Tensor
 
 
-def _prepare(parts: Sequence[Part], rule: Rule, n: int, like: Tensor) -> list[_Prepared]:
+def _prepare(parts: Sequence[Part], rule: Rule, like: Tensor) -> list[_Prepared]:
     out = []
     for part in parts:
         qpos = part.queries.positions(like.device)  # (G, Mq)
@@ -86,11 +86,11 @@ def _prepared(
     key: Hashable | None, parts: Sequence[Part], rule: Rule, n: int, like: Tensor
 ) -> list[_Prepared]:
     if key is None:
-        return _prepare(parts, rule, n, like)
+        return _prepare(parts, rule, like)
     full_key = (key, n, like.device, like.dtype)
     found = _CACHE.get(full_key)
     if found is None:
-        found = _prepare(parts, rule, n, like)
+        found = _prepare(parts, rule, like)
         _CACHE[full_key] = found
         while len(_CACHE) > CACHE_SIZE:
             _CACHE.popitem(last=False)
@@ -157,9 +157,7 @@ def _band_back(dx: Tensor, band: Band, shape: torch.Size) -> Tensor:
     shape); the fold reads them in that order, W adds of contiguous ``[G, C]`` rows."""
     B, H, n, C = shape
     b, G, W, lo = band.b, band.groups, band.width, band.lo
-    stored = dx.transpose(1, 2)  # (B*H, W*b, G, C)
-    if not stored.is_contiguous():
-        stored = stored.contiguous()
+    stored = dx.transpose(1, 2).contiguous()  # (B*H, W*b, G, C); no copy in the kernel's layout
     windows = stored.view(B * H, W, b, G, C)
     folded = dx.new_zeros(B * H, b, G + W - 1, C)
     for w in range(W):
@@ -175,11 +173,12 @@ def _band_back(dx: Tensor, band: Band, shape: torch.Size) -> Tensor:
 
 def _part_forward(q, k, v, prep: _Prepared, scale: float) -> tuple[Tensor, Tensor]:
     """One part: its output ``[B, H, n, C]`` (zeros where it holds no key for a query) and its
-    log-sum-exp ``[B, H, n]`` in the kernel's precision (:func:`_lse_dtype`; -inf there)."""
+    log-sum-exp ``[B, H, n]`` (the kernel's: float64 for float64 inputs, else float32; -inf
+    there)."""
     part = prep.part
     q4, k4, v4 = _grouped(q, part.queries), _grouped(k, part.keys), _grouped(v, part.keys)
     o4, lse4 = _FORWARD(q4, k4, v4, attn_mask=prep.mask, scale=scale)
-    lse4 = lse4.to(_lse_dtype(q)).masked_fill(~prep.has_keys, NEG_INF)  # (B*H, G, Mq)
+    lse4 = lse4.masked_fill(~prep.has_keys, NEG_INF)  # (B*H, G, Mq)
     B, H = q.shape[:2]
     G, M = lse4.shape[1:]
     o = part.queries.place(o4.view(B, H, G, M, -1), 0.0)
@@ -240,11 +239,6 @@ class _FusedParts(torch.autograd.Function):
             grads = [s if g is None else g.add_(s) for g, s in zip(grads, shares, strict=True)]
         dq, dk, dv = grads
         return dq, dk, dv, None, None
-
-
-def _lse_dtype(q: Tensor) -> torch.dtype:
-    """The kernel's log-sum-exp dtype: float64 for float64 inputs, float32 otherwise."""
-    return torch.float64 if q.dtype == torch.float64 else torch.float32
 
 
 def attend(
