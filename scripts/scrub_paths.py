@@ -30,9 +30,10 @@ PREFIXES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"/root/gpu-session/"), ""),
     (re.compile(r"/root/out/"), ""),
     (re.compile(r"/tmp/(?=[A-Za-z])"), ""),
-    # checkouts: this one and CI's clean clones
+    # checkouts: this one, CI's clean clones and worktrees beside them
     (re.compile(r"/work/main/"), ""),
     (re.compile(r"/work/main\b"), "."),
+    (re.compile(r"/work/[\w.-]+/"), ""),  # a second checkout beside it (a git worktree)
 ]
 
 TEXT_SUFFIXES = {".json", ".jsonl", ".md", ".csv", ".log", ".txt", ".toml", ".xml"}
