@@ -125,6 +125,26 @@ def test_linear_recurrent_equals_reference(params, causal):
     assert not _verdicts(LINEAR, "recurrent", LINEAR.resolve(params), causal)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_elu_plus_one_against_a_float64_oracle(dtype):
+    """elu(x) + 1 = x + 1 (x > 0), e^x (x <= 0), and its derivative e^min(x, 0), over the whole
+    range where e^x is a normal number: computed as 2^(x log2 e), the relative error grows like
+    |x| eps / 2 (the rounding of x log2 e; measured up to 0.62 |x| eps at x = -44, float32) plus
+    the exponential's own few ulp: |x| eps + 4 eps is the bound."""
+    from attnbench.variants.linear import elu_plus_one
+
+    lowest = math.log(torch.finfo(dtype).tiny)  # e^x normal above this: -87 (float32)
+    x = torch.linspace(lowest, 30.0, 20_001, dtype=dtype).requires_grad_()
+    y = elu_plus_one(x)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    x64 = x.detach().double()
+    want = torch.where(x64 > 0, x64 + 1, x64.exp())
+    want_grad = torch.exp(x64.clamp(max=0))
+    bound = (x64.abs() + 4) * torch.finfo(dtype).eps  # relative, per element
+    assert bool(((y.double() - want).abs() <= bound * want).all())
+    assert bool(((grad.double() - want_grad).abs() <= bound * want_grad).all())
+
+
 # -- causality ----------------------------------------------------------------------------------
 
 

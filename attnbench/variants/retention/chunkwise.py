@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from attnbench.core.precision import float32_sums
+from attnbench.variants.chunks import chunked
 from attnbench.variants.retention.decay import finish, log_gammas, require_causal, with_ones
 
 
@@ -37,27 +37,26 @@ def chunkwise(
     dv = vv.shape[-1]
     c = min(chunk, t)
     n = math.ceil(t / c)
-    pad = n * c - t
-    qc = F.pad(q / math.sqrt(d), (0, 0, 0, pad)).view(b, h, n, c, d)  # (B, H, n, c, D)
-    kc = F.pad(k, (0, 0, 0, pad)).view(b, h, n, c, d)  # (B, H, n, c, D)
-    vc = F.pad(vv, (0, 0, 0, pad)).view(b, h, n, c, dv)  # (B, H, n, c, Dv')
+    qc, kc, vc = (chunked(x, n, c).view(b, h, n, c, -1) for x in (q, k, vv))  # (B, H, n, c, .)
 
     pos = torch.arange(c, dtype=torch.float64, device=q.device)
     gap = pos[:, None] - pos[None, :]  # (c, c)
     lg = log_g[:, None, None]  # (H, 1, 1)
-    local = torch.where(gap >= 0, torch.exp(gap.clamp(min=0) * lg), 0.0)  # (H, c, c)
-    xi = torch.exp((pos + 1) * lg[:, 0])  # (H, c): from the previous chunk's end to query a
+    scale = 1 / math.sqrt(d)  # Q K^T / sqrt(d): folded into the query-side decays
+    local = torch.where(gap >= 0, torch.exp(gap.clamp(min=0) * lg), 0.0) * scale  # (H, c, c)
+    xi = torch.exp((pos + 1) * lg[:, 0]) * scale  # (H, c): previous chunk's end to query a
     zeta = torch.exp((c - 1 - pos) * lg[:, 0])  # (H, c): from key j to this chunk's end
     carry = torch.exp(c * log_g).to(q.dtype)[:, None, None]  # (H, 1, 1): gamma^B
     local, xi, zeta = (x.to(q.dtype)[:, None] for x in (local, xi, zeta))  # (H, 1, ...)
 
-    inner = ((qc @ kc.transpose(-2, -1)) * local) @ vc  # (B, H, n, c, Dv')
+    inner = torch.matmul(qc, kc.transpose(-2, -1)).mul_(local) @ vc  # (B, H, n, c, Dv')
     states = kc.transpose(-2, -1) @ (vc * zeta[..., None])  # (B, H, n, D, Dv')
     r = states.new_zeros(b, h, d, dv)  # R_{-1} = 0
     before = []
     for state in states.unbind(2):  # unbind, not states[:, :, i]: one backward, not n zero-fills
         before.append(r)  # R_{i-1}
-        r = carry * r + state
-    cross = (qc * xi[..., None]) @ torch.stack(before, dim=2)  # (B, H, n, c, Dv')
-    out = (inner + cross).view(b, h, n * c, dv)[:, :, :t]
-    return finish(out, normalize, log_g)
+        r = torch.addcmul(state, carry, r)  # R_i = S_i + gamma^B R_{i-1}
+    across = torch.stack(before, dim=2).view(b * h * n, d, dv)  # R_{i-1} for each chunk i
+    # inside + across in one product: Q_[i] xi R_{i-1} added to the inner part's result
+    out = torch.baddbmm(inner.view(b * h * n, c, dv), (qc * xi[..., None]).view(-1, c, d), across)
+    return finish(out.view(b, h, n * c, dv)[:, :, :t], normalize, log_g)
