@@ -252,6 +252,7 @@ def test_too_few_rounds_for_the_test_are_not_judged_and_say_so(tmp_path):
     assert time_lines and all(ln.verdict == "not judged" for ln in time_lines)
     (note,) = [n for n in result.notes if "not judged" in n]
     assert "as few as 3 rounds" in note and "timing.min_rounds=7" in note
+    assert "timing.retain_memory=true" in note and "timing.clock=cpu" in note
     assert f"{len(time_lines)} not judged" in result.headline()
 
 

@@ -283,6 +283,8 @@ def _few_rounds_note(out: Comparison) -> None:
     needed = next(r for r in range(2, 64) if smallest_p(r, r) < out.thresholds.p_value)
     out.notes.append(
         f"{len(few)} cases not judged on time: as few as {least} rounds a side, and the U test "
-        f"at p < {out.thresholds.p_value:g} needs {needed} and {needed}; re-run both with "
-        f"--set timing.min_rounds={needed} (or compare runs of the ci suite, made for it)"
+        f"at p < {out.thresholds.p_value:g} needs {needed} and {needed}; re-run both as the ci "
+        f"suite runs (--suite ci, or --threads 1 --set timing.clock=cpu --set "
+        f"timing.retain_memory=true --set timing.min_rounds={needed}): more rounds alone left "
+        f"one path 2x apart between two processes of the same code in an A/A test"
     )
