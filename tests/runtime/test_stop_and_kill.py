@@ -176,7 +176,12 @@ def test_sigterm_to_the_driver_alone_stops_parallel_trainings_like_ctrl_c(tmp_pa
 def test_sigterm_under_ray_stops_like_ctrl_c(tmp_path):
     pytest.importorskip("ray", reason="the ray extra is not installed")
     out, err = tmp_path / "run", tmp_path / "err.txt"
-    driver = start(["run", "speed", "--executor", "ray", *ONE_UNIT, "--out", str(out)],
+    # a unit long enough (lengths to 2048, 30 rounds) that it cannot end before the signal lands:
+    # with ONE_UNIT a quiet machine finished it first and exited 0 (a clean-clone CI run)
+    unit = ["--impl", "softmax", "--no-causal", "--direction", "fwd", "--lengths",
+            "16,32,64,128,256,512,1024,2048", "--rounds", "30", "--device", "cpu", "--threads",
+            "1", "--no-plot"]  # fmt: skip
+    driver = start(["run", "speed", "--executor", "ray", *unit, "--out", str(out)],
                    tmp_path, err)  # fmt: skip
     wait_for(lambda: "ray: a local Ray instance started" in err.read_text(), "Ray's start")
     driver.send_signal(signal.SIGTERM)
