@@ -84,10 +84,11 @@ def side_rows(runs: list[Path], peers: dict[str, str]) -> pd.DataFrame:
 def table(base_runs: list[Path], current_runs: list[Path], peers: dict[str, str]) -> pd.DataFrame:
     """One row per case measured on both sides: medians over each side's runs."""
     cols = ["matmul_units", "ref_ratio", "peer_ratio"]
-    sides = {}
+    sides, flops = {}, None
     for name, runs in (("before", base_runs), ("after", current_runs)):
-        sides[name] = side_rows(runs, peers).groupby(["impl", *CASE])[cols].median()
-    flops = side_rows(current_runs, {}).groupby(["impl", *CASE])["flops"].first()
+        grouped = side_rows(runs, peers).groupby(["impl", *CASE])
+        sides[name] = grouped[cols].median()
+        flops = grouped["flops"].first()  # the current code's count (the last side read)
     out = sides["before"].merge(sides["after"], left_index=True, right_index=True,
                                 suffixes=("_before", "_after"))  # fmt: skip
     out = out.join(flops)
