@@ -116,10 +116,19 @@ def paths_to_check(
         return [p for p in mech.paths if p.kind != "reference"]
     return [
         mech.require(
-            p, device=device, dtype=dtype, backward=mech.backward and mech.select(p).backward
+            p, device=device, dtype=dtype, backward=checks_backward(mech, mech.select(p), device)
         )
         for p in asked
     ]
+
+
+def checks_backward(mech: Mechanism, p: PathSpec, device: str) -> bool:
+    """Whether ``check`` compares gradients: where the mechanism and path have a backward, and
+    the path runs it here. A path that runs only forward here (FlexAttention on the CPU) is
+    checked forward."""
+    if not (mech.backward and p.backward):
+        return False
+    return not p.not_supported_reasons(device, True) or bool(p.not_supported_reasons(device, False))
 
 
 def check_path(
@@ -139,7 +148,7 @@ def check_path(
 
     from attnbench.core.testing import compare_paths
 
-    backward = mech.backward and p.backward
+    backward = checks_backward(mech, p, device)
     reason = "; ".join(mech.not_supported_reasons(p, device=device, dtype=dtype, backward=backward))
     if reason:
         table.add_row(p.name, "-", "-", "-", "-", f"[yellow]skipped: {escape(reason)}[/yellow]")

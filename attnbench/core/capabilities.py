@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,11 +78,29 @@ def triton(device_type: str, backward: bool) -> str | None:
     return None
 
 
+#: C++ compilers torch.compile's CPU backend (Inductor) can build its kernels with, besides $CXX.
+CPP_COMPILERS = ("g++", "c++", "clang++")
+
+
+def cpp_compiler() -> str | None:
+    """The C++ compiler Inductor would find ($CXX, else the first of CPP_COMPILERS on PATH)."""
+    named = os.environ.get("CXX")
+    if named:
+        return shutil.which(named)
+    return next((found for c in CPP_COMPILERS if (found := shutil.which(c))), None)
+
+
 def flex(device_type: str, backward: bool) -> str | None:
     if not _has_module_file("torch.nn.attention.flex_attention"):
         return f"needs FlexAttention (torch >= 2.5; this is {torch_version()})"
-    if backward and device_type != "cuda":
+    if device_type == "cuda":
+        return None
+    if device_type != "cpu":
+        return f"FlexAttention paths run on CUDA or the CPU (asked for {device_type})"
+    if backward:
         return "FlexAttention has no backward on CPU (forward only)"
+    if cpp_compiler() is None:
+        return "FlexAttention on CPU is compiled to C++: needs g++ or clang++ (or $CXX)"
     return None
 
 

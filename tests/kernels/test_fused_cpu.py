@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from attnbench import registry
 from attnbench.api import attention
 from attnbench.cli import app
+from attnbench.core import capabilities
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.inputs import make_inputs
 from attnbench.core.spec import Shape
@@ -92,7 +93,7 @@ def test_sdpa_unavailable_backend_is_one_line_not_a_fallback():
 
 
 # --------------------------------------------------------------------------------------------
-# FlexAttention (CPU: eager, forward only)
+# FlexAttention (CPU: compiled to C++, forward only)
 # --------------------------------------------------------------------------------------------
 
 
@@ -205,14 +206,25 @@ def test_flex_backward_on_cpu_says_why():
         assert logn(q, q, q, causal=False, base=512.0, clip=False, min_n=1).shape == (1, 2, 5, 8)
 
 
-@pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")
-def test_flex_registry_path_needs_cuda():
-    """The registry's flex paths need CUDA: on a CPU flex is eager, forward only and O(n^2), a
-    correctness check (the path function, called directly above), not a path to time or train."""
+def test_flex_registry_path_runs_forward_on_cpu(monkeypatch):
+    """On a CPU the registry's flex path is FlexAttention compiled by Inductor to C++, forward
+    only; without a C++ compiler, or for float64 (no compiled template takes it), or asked for a
+    backward, it says why in one line."""
+    mech = registry.get("softmax-logn")
+    path = mech.path("flex")
+    assert path.unavailable("cpu") is None
+    assert "forward only" in path.unavailable("cpu", backward=True)
     q = torch.randn(1, 2, 5, 8)
-    with pytest.raises(AttnbenchError, match="needs CUDA") as info:
+    out = attention("softmax-logn", q, q, q, path="flex")
+    assert out.shape == (1, 2, 5, 8)
+    with pytest.raises(AttnbenchError, match="does not take torch.float64; accepted: float16") as e:
+        attention("softmax-logn", q.double(), q.double(), q.double(), path="flex")
+    assert "\n" not in str(e.value)
+    monkeypatch.setattr(capabilities.shutil, "which", lambda name: None)
+    monkeypatch.delenv("CXX", raising=False)
+    assert "needs g++ or clang++" in path.unavailable("cpu")
+    with pytest.raises(AttnbenchError, match="needs g\\+\\+ or clang\\+\\+"):
         attention("softmax-logn", q, q, q, path="flex")
-    assert "paths that can: reference, efficient" in str(info.value)
 
 
 # --------------------------------------------------------------------------------------------

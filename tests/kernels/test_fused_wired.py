@@ -1,8 +1,8 @@
 """The fused paths wired into the registry, checked on a CPU.
 
 * FlexAttention (``flex`` of local, atrous, sparse, strided, fixed, bigbird, longnet): the
-  registry's path function run eagerly, forward only, against the mechanism's own reference, at
-  odd lengths, causal and not, default and sparse parameters.
+  registry's path, compiled for the CPU (forward only), against the mechanism's own reference,
+  at odd lengths, causal and not, default and sparse parameters.
 * Triton (``triton`` of gau, flash, linear, retention): what each path refuses, before any kernel
   runs. The wired path functions themselves are run under Triton's interpreter in
   tests/kernels/interpreted_triton.py, on a GPU in tests/kernels/test_fused_gpu.py.
@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from attnbench import registry
 from attnbench.api import attention
 from attnbench.cli import app
+from attnbench.core import capabilities
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.inputs import make_inputs
 from attnbench.core.spec import Shape
@@ -45,8 +46,8 @@ SPARSE_PARAMS: dict[str, list[dict]] = {
     # Overlapping branches (pairs of multiplicity 2 and 3), and branches leaving rows uncovered.
     "longnet": [{"segments": "4:1,8:2,16:4"}, {"segments": "6:2,9:3"}],
 }
-#: (T, causal) for each sparse parameter set; the defaults run at (37, causal). Each eager flex
-#: call costs ~0.3-0.6 s here (dynamo traces the mask_mod for every new length and direction).
+#: (T, causal) for each sparse parameter set; the defaults run at (37, causal). Each new length,
+#: direction and parameter set compiles the CPU kernel and its BlockMask afresh (seconds each).
 GRID = ((7, True), (37, False), (37, True))
 
 
@@ -56,13 +57,13 @@ def test_fused_paths_are_wired():
         kind = "flex" if name in FLEX_WIRED else "triton"
         path = mech.path(kind)
         assert path.kind == "fused" and path.memory
-        assert {r.name for r in path.requires} == {"cuda", kind}
+        assert {r.name for r in path.requires} == ({kind} if kind == "flex" else {"cuda", kind})
         assert mech.default_path.kind == "efficient", name
 
 
 @pytest.mark.parametrize("name", FLEX_WIRED)
 def test_flex_path_matches_reference_on_cpu(name):
-    """The registry's flex path function (eager flex, forward) against the mechanism's dense
+    """The registry's flex path (compiled for the CPU, forward) against the mechanism's dense
     reference. The sparse cases are checked to really be sparse at T = 37, so a path that ignored
     the BlockMask would fail."""
     mech = registry.get(name)
@@ -133,12 +134,25 @@ def test_triton_path_function_on_cpu_tensors_says_why(name, monkeypatch):
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")
-@pytest.mark.parametrize(("name", "path"), [("local", "flex"), ("retention", "triton")])
-def test_api_fused_path_without_cuda(name, path):
-    inputs, params = _inputs(name, {})
+def test_api_fused_path_without_cuda():
+    inputs, params = _inputs("retention", {})
     with pytest.raises(AttnbenchError, match="needs CUDA") as info:
-        attention(name, **inputs, causal=True, path=path)
+        attention("retention", **inputs, causal=True, path="triton")
     assert "\n" not in str(info.value) and "paths that can: " in str(info.value)
+
+
+def test_api_flex_on_cpu_is_forward_only():
+    """The flex path runs on CPU tensors (compiled) without gradients, and refuses them in one
+    line naming the paths that can."""
+    inputs, params = _inputs("local", {"window": 3})
+    with torch.no_grad():
+        out = attention("local", **inputs, causal=True, path="flex", window=3)
+        ref = attention("local", **inputs, causal=True, path="reference", window=3)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    grads = {k: v.detach().requires_grad_() for k, v in inputs.items()}
+    with pytest.raises(AttnbenchError, match="forward only") as info:
+        attention("local", **grads, causal=True, path="flex", window=3)
+    assert "\n" not in str(info.value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -151,25 +165,27 @@ def test_list_shows_wired_fused_paths_needing_cuda():
     result = CliRunner().invoke(app, ["list", "--format", "json"])
     assert result.exit_code == 0, result.output
     entries = {e["name"]: e for e in json.loads(result.stdout)}
-    for name in FLEX_WIRED + TRITON_WIRED:
-        paths = {p["name"]: p for p in entries[name]["paths"]}
-        fused = paths["flex" if name in FLEX_WIRED else "triton"]
+    for name in TRITON_WIRED:
+        fused = {p["name"]: p for p in entries[name]["paths"]}["triton"]
         assert fused["kind"] == "fused" and not fused["available"]
         assert fused["reason"].startswith("needs CUDA"), fused
+    compiler = capabilities.cpp_compiler() is not None
+    for name in FLEX_WIRED:  # compiled for the CPU, forward only, where a C++ compiler is
+        fused = {p["name"]: p for p in entries[name]["paths"]}["flex"]
+        assert fused["kind"] == "fused" and fused["available"] == compiler, fused
     table = CliRunner().invoke(app, ["list", "--family", "sparse"])
     words = " ".join(table.stdout.replace("│", " ").split())  # the table may wrap a cell
-    assert table.exit_code == 0 and words.count("not here (needs CUDA)") >= 7, table.stdout
+    assert table.exit_code == 0 and "not here (needs CUDA)" in words, table.stdout
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")
 @pytest.mark.parametrize(
     "args",
     [
-        ["check", "local", "--path", "flex"],
         ["check", "retention", "--causal", "--path", "chunkwise", "--path", "triton"],
         ["check", "softmax", "--path", "sdpa-flash", "--n", "9"],
     ],
-    ids=["flex", "triton", "sdpa"],
+    ids=["triton", "sdpa"],
 )
 def test_check_unavailable_path_asked_for_is_one_line_exit_2(args):
     result = CliRunner().invoke(app, args)
@@ -177,6 +193,16 @@ def test_check_unavailable_path_asked_for_is_one_line_exit_2(args):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot run here: needs CUDA" in lines[0], result.stderr
     assert "paths that can: " in lines[0] and "triton" not in lines[0].split("can: ")[1]
+
+
+@pytest.mark.skipif(capabilities.cpp_compiler() is None, reason="needs a C++ compiler")
+def test_check_flex_on_cpu_compares_the_forward():
+    """On the CPU the flex path runs forward only: ``check`` compares its output, no gradient."""
+    result = CliRunner().invoke(app, ["check", "local", "--path", "flex", "--n", "37"])
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if "flex" in line]
+    assert rows and all("grad" not in line for line in rows), result.stdout
+    assert any("output" in line for line in rows), result.stdout
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")
