@@ -206,6 +206,9 @@ class PathSpec:
     #: (``executed_flops(shape, causal, params, device) -> int``): FlexAttention computes every
     #: pair of a block the mask touches. None: the path's work is the mechanism's count.
     executed_flops: Callable[[Shape, bool, Mapping[str, Any], torch.device], int] | None = None
+    #: Runs under ``torch.compile``: on the CPU its peak memory is not measured (compiled code
+    #: refuses the dispatch mode that counts CPU storage; see :mod:`attnbench.measure.memory`).
+    compiled: bool = False
 
     def __call__(self, *args: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         return self.fn(*args, **self.arguments(kwargs))

@@ -346,4 +346,5 @@ def flex_fused(
         requires=requires,
         note=note or "FlexAttention, cached BlockMask, compiled",
         executed_flops=executed,
+        compiled=True,
     )

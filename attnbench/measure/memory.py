@@ -10,6 +10,10 @@ internally without returning them are not seen either; they are small for the ke
 (per-thread tiles), but the method's name travels with every number so a reader knows.
 
 On CUDA, :func:`cuda_peak` uses the allocator's own peak statistic instead.
+
+Code compiled by ``torch.compile`` (FlexAttention on the CPU) refuses to run under a dispatch
+mode, and a refused call leaves dynamo unable to run it again in the process. Its CPU memory is
+therefore not measured: :func:`not_measured` records why, in the method column, with no bytes.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch.utils._pytree import tree_flatten
 
 METHOD_CPU = "dispatch-live-bytes"
 METHOD_CUDA = "cuda-max-allocated"
+METHOD_COMPILED_CPU = "not measured: compiled CPU code runs under no dispatch mode"
 
 
 class LiveBytes(TorchDispatchMode):
@@ -76,8 +81,12 @@ def _storage_ptr(t: object) -> int | None:
 
 @dataclass(frozen=True)
 class PeakMemory:
-    bytes: int
+    bytes: int | None  # None: not measured (the method says why)
     method: str
+
+
+def not_measured(method: str = METHOD_COMPILED_CPU) -> PeakMemory:
+    return PeakMemory(None, method)
 
 
 def cpu_peak(fn: Callable[[], object]) -> PeakMemory:
