@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 from typer.testing import CliRunner
@@ -213,3 +214,28 @@ def test_check_without_path_skips_unavailable_ones_and_device_cuda_needs_a_gpu()
     result = CliRunner().invoke(app, ["check", "local", "--device", "cuda"])
     assert result.exit_code == 2
     assert "no CUDA GPU is visible" in result.stderr.strip()
+
+
+@pytest.mark.skipif(capabilities.cpp_compiler() is None, reason="needs a C++ compiler")
+def test_speed_run_times_flex_on_cpu_and_says_memory_was_not_measured(tmp_path):
+    """A speed run of the CPU flex path: forward rows ok at every length (its peak memory not
+    measured, and the row says why: compiled code refuses the dispatch mode that counts CPU
+    storage, and a refused call once left every later flex call failing), forward + backward
+    rows unsupported (forward only), the efficient path beside it measured as before."""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(
+        app, ["run", "speed", "--impl", "local:flex", "--impl", "local:efficient",
+              "--lengths", "48,96", "--device", "cpu", "--threads", "1", "--rounds", "2",
+              "--set", "params.local.window=8", "--no-plot", "--out", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(out / "results.csv")
+    flex = rows[rows["path"] == "flex"]
+    fwd, fwdbwd = flex[flex["direction"] == "fwd"], flex[flex["direction"] == "fwdbwd"]
+    assert len(fwd) == 4 and (fwd["status"] == "ok").all(), fwd[["status", "reason"]]
+    assert fwd["mem_fwd_bytes"].isna().all()
+    assert fwd["mem_method"].str.startswith("not measured: compiled").all()
+    assert (fwdbwd["status"] == "unsupported").all()
+    assert fwdbwd["reason"].str.contains("forward only").all()
+    efficient = rows[(rows["path"] == "efficient") & (rows["direction"] == "fwd")]
+    assert (efficient["status"] == "ok").all() and (efficient["mem_fwd_bytes"] > 0).all()
