@@ -260,7 +260,16 @@ def flex_attention_for(
     note_signature(_signature(q, k, v, visible, score_mod, _freeze(params), causal, scale,
                               enable_gqa))  # fmt: skip
     kernel = _kernel(q.device)
-    return kernel(q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+    try:
+        return kernel(
+            q, k, v, score_mod=mod, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa
+        )
+    except Exception:
+        # A failed compiled call (e.g. under a dispatch mode, which the CPU kernel refuses) can
+        # leave dynamo refusing every later flex call of the process ("Attempted to call function
+        # marked as skipped"): start its caches afresh, then report the failure itself.
+        reset_compiled()
+        raise
 
 
 def flex_path(

@@ -206,6 +206,20 @@ def test_flex_backward_on_cpu_says_why():
         assert logn(q, q, q, causal=False, base=512.0, clip=False, min_n=1).shape == (1, 2, 5, 8)
 
 
+def test_a_failed_flex_call_does_not_poison_the_next():
+    """The CPU kernel refuses to run under a dispatch mode (attnbench's CPU memory counter is
+    one); the failure must not leave dynamo refusing every later call of the process."""
+    from attnbench.measure.memory import LiveBytes
+
+    q = torch.randn(1, 2, 40, 16)
+    fn = flex.flex_path(window_rule)
+    with torch.no_grad():
+        expected = fn(q, q, q, causal=False, w=3)
+        with pytest.raises(Exception), LiveBytes():  # noqa: B017 (torch's own error type)
+            fn(q, q, q, causal=False, w=3)
+        torch.testing.assert_close(fn(q, q, q, causal=False, w=3), expected)
+
+
 def test_flex_registry_path_runs_forward_on_cpu(monkeypatch):
     """On a CPU the registry's flex path is FlexAttention compiled by Inductor to C++, forward
     only; without a C++ compiler, or for float64 (no compiled template takes it), or asked for a
