@@ -272,7 +272,13 @@ def test_every_registered_mechanism_runs_through_the_suite(tmp_path):
     expected = {(m.name, p.name) for m in registry.MECHANISMS for p in m.paths}
     assert set(zip(df["mechanism"], df["path"], strict=True)) == expected
     ok = df[df["status"] == "ok"]
-    assert ok["flops"].gt(0).all() and ok["mem_fwd_bytes"].notna().all()
+    assert ok["flops"].gt(0).all()
+    # Compiled paths on the CPU (FlexAttention) run under no dispatch mode: memory not measured,
+    # and the row says so; every other ok row has its peak memory.
+    unseen = ok["mem_method"].str.startswith("not measured")
+    compiled = {f"{m.name}:{p.name}" for m in registry.MECHANISMS for p in m.paths if p.compiled}
+    assert set(ok[unseen]["mechanism"] + ":" + ok[unseen]["path"]) <= compiled
+    assert ok[unseen]["mem_fwd_bytes"].isna().all() and ok[~unseen]["mem_fwd_bytes"].notna().all()
 
 
 class OutOfResources(Exception):
