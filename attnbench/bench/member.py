@@ -12,7 +12,7 @@ import torch
 from attnbench import api
 from attnbench.bench.plan import Case
 from attnbench.core.inputs import make_inputs
-from attnbench.measure.memory import PeakMemory, not_measured, peak_memory
+from attnbench.measure.memory import PeakMemory, peak_memory
 from attnbench.measure.timing import Clock, TimingPolicy, WarmUp, block_calls, warm_up
 
 
@@ -71,12 +71,10 @@ def set_up(
 
     warm = warm_up(call, clock, timing)
     member = Member(case, call, warm)
-    if case.path.compiled and case.device.type == "cpu":
-        member.mem = member.mem_fwd = not_measured()  # see attnbench.measure.memory
-    else:
-        member.mem = peak_memory(call, case.device)
-        if backward and need_fwd_memory:
-            member.mem_fwd = peak_memory(forward, case.device)
+    compiled = case.path.compiled
+    member.mem = peak_memory(call, case.device, compiled=compiled)
+    if backward and need_fwd_memory:
+        member.mem_fwd = peak_memory(forward, case.device, compiled=compiled)
     member.block = block_calls(warm.per_call_s, timing)
     return member
 

@@ -48,7 +48,7 @@ ScoreModBuilder = Callable[[int, bool, Mapping[str, Any]], ScoreMod]
 
 #: dtypes the compiled kernels take (neither the Triton templates nor the CPU's C++ template
 #: have float64).
-CUDA_DTYPES = CPU_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: How many BlockMasks / score_mods are kept (oldest dropped first).
 CACHE_SIZE = 64
 #: Recompilations of the compiled kernel allowed (one per length, direction, score_mod...).
@@ -219,13 +219,10 @@ def _signature(q: Tensor, k: Tensor, v: Tensor, *extra: Hashable) -> tuple:
 
 def check_call(q: Tensor, k: Tensor, v: Tensor) -> None:
     """Raise AttnbenchError (one line) when FlexAttention cannot run this call here."""
-    on_cuda = q.device.type == "cuda"
-    accepted = CUDA_DTYPES if on_cuda else CPU_DTYPES
-    if q.dtype not in accepted:
-        where = "CUDA" if on_cuda else "the CPU"
-        ok = ", ".join(str(d).removeprefix("torch.") for d in accepted)
-        raise AttnbenchError(f"FlexAttention on {where} does not take {q.dtype}; accepted: {ok}")
-    if on_cuda:
+    if q.dtype not in DTYPES:
+        ok = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
+        raise AttnbenchError(f"FlexAttention does not take {q.dtype}; accepted: {ok}")
+    if q.device.type == "cuda":
         return
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad:

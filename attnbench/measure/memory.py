@@ -13,7 +13,8 @@ On CUDA, :func:`cuda_peak` uses the allocator's own peak statistic instead.
 
 Code compiled by ``torch.compile`` (FlexAttention on the CPU) refuses to run under a dispatch
 mode, and a refused call leaves dynamo unable to run it again in the process. Its CPU memory is
-therefore not measured: :func:`not_measured` records why, in the method column, with no bytes.
+therefore not measured: :func:`peak_memory` of a compiled CPU call records why, in the method
+column, with no bytes.
 """
 
 from __future__ import annotations
@@ -85,10 +86,6 @@ class PeakMemory:
     method: str
 
 
-def not_measured(method: str = METHOD_COMPILED_CPU) -> PeakMemory:
-    return PeakMemory(None, method)
-
-
 def cpu_peak(fn: Callable[[], object]) -> PeakMemory:
     """Peak bytes of tensor storage created while ``fn()`` runs (what it returns included)."""
     with LiveBytes() as counter:
@@ -108,6 +105,12 @@ def cuda_peak(fn: Callable[[], object], device: torch.device) -> PeakMemory:
     return PeakMemory(torch.cuda.max_memory_allocated(device) - base, METHOD_CUDA)
 
 
-def peak_memory(fn: Callable[[], object], device: torch.device | str = "cpu") -> PeakMemory:
+def peak_memory(
+    fn: Callable[[], object], device: torch.device | str = "cpu", *, compiled: bool = False
+) -> PeakMemory:
+    """The peak of ``fn()`` on ``device``; ``compiled`` (``fn`` runs under torch.compile): on the
+    CPU not measured, and never run here (see the module docstring)."""
     device = torch.device(device)
-    return cuda_peak(fn, device) if device.type == "cuda" else cpu_peak(fn)
+    if device.type == "cuda":
+        return cuda_peak(fn, device)
+    return PeakMemory(None, METHOD_COMPILED_CPU) if compiled else cpu_peak(fn)
