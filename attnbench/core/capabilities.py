@@ -90,6 +90,16 @@ def cpp_compiler() -> str | None:
     return next((found for c in CPP_COMPILERS if (found := shutil.which(c))), None)
 
 
+def cpu_vector_isa() -> str:
+    """The vector instruction set torch's CPU kernels use ("AVX2", "AVX512", "DEFAULT" for none,
+    ...): torch's own answer once it is imported, else what ``ATEN_CPU_CAPABILITY`` asks for,
+    else "UNKNOWN"."""
+    imported = sys.modules.get("torch")
+    if imported is not None:
+        return str(imported.backends.cpu.get_cpu_capability()).upper()
+    return os.environ.get("ATEN_CPU_CAPABILITY", "").upper() or "UNKNOWN"
+
+
 def flex(device_type: str, backward: bool) -> str | None:
     if not _has_module_file("torch.nn.attention.flex_attention"):
         return f"needs FlexAttention (torch >= 2.5; this is {torch_version()})"
@@ -101,6 +111,14 @@ def flex(device_type: str, backward: bool) -> str | None:
         return "FlexAttention has no backward on CPU (forward only)"
     if cpp_compiler() is None:
         return "FlexAttention on CPU is compiled to C++: needs g++ or clang++ (or $CXX)"
+    if cpu_vector_isa() == "DEFAULT":
+        # Inductor's C++ template for FlexAttention is written with at::vec; torch running
+        # without a vector ISA (ATEN_CPU_CAPABILITY=default, or a CPU without AVX2) fails to
+        # compile it.
+        return (
+            "FlexAttention's CPU kernel needs a vector instruction set (AVX2 or better), and "
+            "torch runs without one here (ATEN_CPU_CAPABILITY=default or an older CPU)"
+        )
     return None
 
 

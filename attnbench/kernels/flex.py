@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnbench.core import capabilities
 from attnbench.core.capabilities import FLEX, Requirement
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.spec import PathSpec, Shape
@@ -140,8 +141,11 @@ def block_mask_for(
             return None
         if visible is not None:
             warm_rule(visible, n, causal, params, device)
-        # Under compile the mask is evaluated block by block: no n x n tensor.
-        return create_block_mask(mask_mod, None, None, n, n, device=device, _compile=True)
+        # Under compile the mask is evaluated block by block: no n x n tensor. Where Inductor
+        # cannot compile for this CPU (no C++ compiler or vector ISA; then no flex call runs
+        # here either) it is built eagerly, through the dense mask: only to count blocks.
+        compiled = device.type == "cuda" or capabilities.flex("cpu", backward=False) is None
+        return create_block_mask(mask_mod, None, None, n, n, device=device, _compile=compiled)
 
     return _remember(_block_masks, key, make)
 

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from attnbench import registry
+from attnbench.core import capabilities
 from attnbench.core.spec import Mechanism, PathSpec, Shape
+
+#: Why FlexAttention's forward cannot run on this CPU (None where it can: Inductor needs a C++
+#: compiler, and its FlexAttention template a vector instruction set torch is using).
+CPU_FLEX = capabilities.flex("cpu", backward=False)
+needs_cpu_flex = pytest.mark.skipif(CPU_FLEX is not None, reason=f"CPU FlexAttention: {CPU_FLEX}")
 
 LENGTHS = (1, 7, 97, 257)
 HEAD_DIMS = (32, 64, 80)

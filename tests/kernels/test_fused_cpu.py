@@ -25,6 +25,7 @@ from attnbench.core.inputs import make_inputs
 from attnbench.core.spec import Shape
 from attnbench.core.testing import compare_paths
 from attnbench.kernels import flex, sdpa, triton_ops
+from tests.helpers.cases import needs_cpu_flex
 from tests.helpers.dense_refs import dense_masked, dilated_rule, make_qkv, window_rule
 
 SDPA_MECHS = ("softmax", "softmax-logn", "mqa", "gqa")
@@ -97,6 +98,7 @@ def test_sdpa_unavailable_backend_is_one_line_not_a_fallback():
 # --------------------------------------------------------------------------------------------
 
 
+@needs_cpu_flex
 @pytest.mark.parametrize(
     ("rule", "params"), [(window_rule, {"w": 3}), (dilated_rule, {"r": 4})], ids=["window", "dil"]
 )
@@ -113,6 +115,7 @@ def test_flex_path_matches_dense_mask_forward(rule, params, causal):
     assert all(v.ok for v in verdicts), "; ".join(map(str, verdicts))
 
 
+@needs_cpu_flex
 def test_flex_fused_wires_a_sparse_mechanism_in_one_line():
     """How the sparse mechanisms get their fused path: ``flex_fused(visible)`` in ``paths``."""
     from attnbench.core.spec import Mechanism, PathSpec, positive_int
@@ -137,6 +140,7 @@ def test_flex_fused_wires_a_sparse_mechanism_in_one_line():
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-6)
 
 
+@needs_cpu_flex
 def test_flex_block_mask_is_built_once_per_key():
     params = {"w": 2}
     a = flex.block_mask_for(window_rule, 33, True, params, torch.device("cpu"))
@@ -180,6 +184,7 @@ def test_flex_signature_tells_apart_what_dynamo_guards_on():
     assert len(with_grad) == 3 and base not in with_grad  # which tensor requires grad
 
 
+@needs_cpu_flex
 @pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 def test_logn_flex_path_matches_reference_forward(causal):
     mech = registry.get("softmax-logn")
@@ -195,6 +200,7 @@ def test_logn_flex_path_matches_reference_forward(causal):
     assert all(v.ok for v in verdicts), "; ".join(map(str, verdicts))
 
 
+@needs_cpu_flex
 def test_flex_backward_on_cpu_says_why():
     q = torch.randn(1, 2, 5, 8, requires_grad=True)
     logn = registry.get("softmax-logn").path("flex")
@@ -206,6 +212,7 @@ def test_flex_backward_on_cpu_says_why():
         assert logn(q, q, q, causal=False, base=512.0, clip=False, min_n=1).shape == (1, 2, 5, 8)
 
 
+@needs_cpu_flex
 def test_a_failed_flex_call_does_not_poison_the_next():
     """The CPU kernel refuses to run under a dispatch mode (attnbench's CPU memory counter is
     one); the failure must not leave dynamo refusing every later call of the process."""
@@ -220,6 +227,7 @@ def test_a_failed_flex_call_does_not_poison_the_next():
         torch.testing.assert_close(fn(q, q, q, causal=False, w=3), expected)
 
 
+@needs_cpu_flex
 def test_flex_registry_path_runs_forward_on_cpu(monkeypatch):
     """On a CPU the registry's flex path is FlexAttention compiled by Inductor to C++, forward
     only; without a C++ compiler, or for float64 (no compiled template takes it), or asked for a

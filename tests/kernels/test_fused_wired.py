@@ -21,12 +21,12 @@ from typer.testing import CliRunner
 from attnbench import registry
 from attnbench.api import attention
 from attnbench.cli import app
-from attnbench.core import capabilities
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.inputs import make_inputs
 from attnbench.core.spec import Shape
 from attnbench.core.testing import compare_paths
 from attnbench.variants.sparse.longnet import multiplicity
+from tests.helpers.cases import CPU_FLEX, needs_cpu_flex
 
 NO_CUDA = not torch.cuda.is_available()
 #: Mechanism -> its fused path and what that path needs.
@@ -62,6 +62,7 @@ def test_fused_paths_are_wired():
         assert mech.default_path.kind == "efficient", name
 
 
+@needs_cpu_flex
 @pytest.mark.parametrize("name", FLEX_WIRED)
 def test_flex_path_matches_reference_on_cpu(name):
     """The registry's flex path (compiled for the CPU, forward) against the mechanism's dense
@@ -142,6 +143,7 @@ def test_api_fused_path_without_cuda():
     assert "\n" not in str(info.value) and "paths that can: " in str(info.value)
 
 
+@needs_cpu_flex
 def test_api_flex_on_cpu_is_forward_only():
     """The flex path runs on CPU tensors (compiled) without gradients, and refuses them in one
     line naming the paths that can."""
@@ -170,10 +172,9 @@ def test_list_shows_wired_fused_paths_needing_cuda():
         fused = {p["name"]: p for p in entries[name]["paths"]}["triton"]
         assert fused["kind"] == "fused" and not fused["available"]
         assert fused["reason"].startswith("needs CUDA"), fused
-    compiler = capabilities.cpp_compiler() is not None
-    for name in FLEX_WIRED:  # compiled for the CPU, forward only, where a C++ compiler is
+    for name in FLEX_WIRED:  # compiled for the CPU, forward only, where it can be compiled
         fused = {p["name"]: p for p in entries[name]["paths"]}["flex"]
-        assert fused["kind"] == "fused" and fused["available"] == compiler, fused
+        assert fused["kind"] == "fused" and fused["available"] == (CPU_FLEX is None), fused
     table = CliRunner().invoke(app, ["list", "--family", "sparse"])
     words = " ".join(table.stdout.replace("│", " ").split())  # the table may wrap a cell
     assert table.exit_code == 0 and "not here (needs CUDA)" in words, table.stdout
@@ -196,7 +197,7 @@ def test_check_unavailable_path_asked_for_is_one_line_exit_2(args):
     assert "paths that can: " in lines[0] and "triton" not in lines[0].split("can: ")[1]
 
 
-@pytest.mark.skipif(capabilities.cpp_compiler() is None, reason="needs a C++ compiler")
+@needs_cpu_flex
 def test_check_flex_on_cpu_compares_the_forward():
     """On the CPU the flex path runs forward only: ``check`` compares its output, no gradient."""
     result = CliRunner().invoke(app, ["check", "local", "--path", "flex", "--n", "37"])
@@ -216,7 +217,7 @@ def test_check_without_path_skips_unavailable_ones_and_device_cuda_needs_a_gpu()
     assert "no CUDA GPU is visible" in result.stderr.strip()
 
 
-@pytest.mark.skipif(capabilities.cpp_compiler() is None, reason="needs a C++ compiler")
+@needs_cpu_flex
 def test_speed_run_times_flex_on_cpu_and_says_memory_was_not_measured(tmp_path):
     """A speed run of the CPU flex path: forward rows ok at every length (its peak memory not
     measured, and the row says why: compiled code refuses the dispatch mode that counts CPU

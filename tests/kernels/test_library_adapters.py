@@ -96,6 +96,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
     ids=["elu+1", "relu-bare", "identity-bare"],
 )
 def test_fla_linear_is_the_linear_mechanism(form, t, overrides, dtype):
+    if dtype == torch.float16 and overrides.get("normalize", True):
+        pytest.skip("refused: FLA's normaliser overflows float16 (tested below)")
     _check("linear", f"fla-{form}", overrides, t, dtype)
 
 
@@ -128,6 +130,26 @@ def test_fla_refusals_name_what_fla_computes():
     with pytest.raises(AttnbenchError, match="normalize=none only"):
         params = ret.resolve({"normalize": "rownorm"})
         ret.path("fla-chunk")(x["q"], x["k"], x["v"], causal=True, **params)
+
+
+@pytest.mark.usefixtures("fla_naive")
+@pytest.mark.parametrize("form", fla.FORMS)
+def test_fla_refuses_a_float16_normaliser_and_runs_the_rest(form):
+    """FLA keeps phi(q) . sum phi(k) in the input dtype. The refusal is checked against that
+    arithmetic: at T = 1023, d = 64 the elu+1 normaliser is past float16's maximum."""
+    linear = registry.get("linear")
+    params = linear.resolve({})
+    x = make_inputs(linear, Shape(1, 2, 1023, 64), params, seed=0, dtype=torch.float32)
+    phi_q, phi_k = (torch.nn.functional.elu(t) + 1 for t in (x["q"], x["k"]))
+    normaliser = (phi_q * phi_k.cumsum(-2)).sum(-1)
+    assert normaliser.max() > torch.finfo(torch.float16).max
+    half = {name: t.half() for name, t in x.items()}
+    path = linear.path(f"fla-{form}")
+    with pytest.raises(AttnbenchError, match="float16 .* use bfloat16, normalize=False"):
+        path(half["q"], half["k"], half["v"], causal=True, **params)
+    bare = linear.resolve({"normalize": False})
+    out = path(half["q"], half["k"], half["v"], causal=True, **bare)
+    assert out.dtype == torch.float16 and out.shape == half["v"].shape
 
 
 def test_fla_kernel_that_does_not_import_is_a_one_line_error(monkeypatch):
