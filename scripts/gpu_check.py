@@ -37,6 +37,11 @@ SIGINT, which ends it cleanly with every finished row on disk.
   16 tests-all   pytest -m gpu: every GPU test in one run (steps 1, 2 and 11 together)
   17 tests-rest  pytest -m gpu on what round 3's step 16 did not reach, and the refusals since
   18 libraries-long  step 12 at n = 16k and 64k (round 3 reached 1k and 4k)
+  19 tests-kernels  pytest -m gpu on the kernel tests rounds 3 and 4 did not reach (no FLA:
+                 nothing autotunes for minutes)
+  20 tests-fla   pytest -m gpu on FLA's registry cases round 4 did not reach
+  21 libraries-fwd  causal linear attention and retention, ours and FLA's chunk kernels,
+                 forward, beside causal flash and cuDNN at 8k, 16k and 64k (round 4: 8k, 16k)
 
 ``--dry-run`` runs every step on the CPU with tiny shapes and the paths a CPU has (the tests
 steps only collect), so that CI finds a typo in this script, not the GPU. Nothing here needs a
@@ -476,6 +481,30 @@ ROUND3_UNREACHED = " or ".join([
     "test_gpu_refusals", "sage", "xformers",
 ])  # fmt: skip
 
+#: What round 4's step 17 (2026-11-27) did not reach: 111 tests, listed in
+#: results/speed/nvidia-h100/README.md. The kernel tests first, apart from FLA's cases, whose
+#: first calls autotune for minutes and took round 4's budget.
+ROUND4_KERNELS = " or ".join([
+    "test_gau_kernel", "test_flex_kernel_fwd_bwd", "test_retention_kernel",
+    "test_linear_kernel_normalised", "test_flash_global_kernel", "test_flex_runs_compiled",
+    "test_gpu_refusals", "test_sage_bidirectional",
+])  # fmt: skip
+ROUND4_FLA = "fla-chunk or fla-recurrent"
+
+
+def step_libraries_fwd(ctx: Context) -> int:
+    """Causal linear attention and retention forward, ours and FLA's chunk kernels, beside
+    causal dense flash and cuDNN at 8k, 16k and 64k (16k tokens a batch): the ratio the issue
+    asks for at 8k, and where each crosses cuDNN."""
+    return speed_step(
+        ctx, "gpu-libraries-fwd",
+        ["softmax:efficient", "linear:chunkwise", "retention:chunkwise"],
+        mechanisms=[*DENSE_REFS, "linear:triton", "linear:fla-chunk", "retention:triton",
+                    "retention:fla-chunk"],
+        lengths=[8192, 16384, 65536], head_dims=[128], causal=[True],
+        reference="softmax:sdpa-cudnn", directions=("fwd",), group_budget_s=4.0,
+    )  # fmt: skip
+
 
 # --------------------------------------------------------------------------------------------
 # Step 8: what costs the time (torch.profiler)
@@ -664,6 +693,9 @@ STEPS: dict[str, tuple[int, Callable[[Context], int]]] = {
     "tests-rest": (17, lambda ctx: pytest_step(ctx, ROUND3_UNREACHED, workers=14)),
     # Round 3 reached n = 1k and 4k of step 12 (FLA autotunes for minutes on first calls).
     "libraries-long": (18, lambda ctx: step_libraries(ctx, "gpu-libraries-long", (16384, 65536))),
+    "tests-kernels": (19, lambda ctx: pytest_step(ctx, ROUND4_KERNELS, workers=14)),
+    "tests-fla": (20, lambda ctx: pytest_step(ctx, ROUND4_FLA, workers=14)),
+    "libraries-fwd": (21, step_libraries_fwd),
 }
 
 

@@ -18,6 +18,8 @@
 #                                       # kernels beside ours
 #   bash scripts/gpu_session.sh 7 OUT   # round 4, one command: the GPU tests round 3 did not
 #                                       # reach, FLA at 16k and 64k, SageAttention
+#   bash scripts/gpu_session.sh 8 OUT   # round 5, one command: the kernel tests round 4 did not
+#                                       # reach, FLA's forward at 8k-64k, FLA's test cases
 #
 # Before the lease: bash scripts/fetch_library_wheels.sh (the library paths' wheels in .whl/,
 # carried with each command). Everything goes to $WORK (default .gpuwork/ in the checkout:
@@ -26,7 +28,7 @@
 # (setsid), so they outlive the command that started them. Phase budgets: PHASE_S seconds
 # (default 560) from the phase's start; every step gets what is left.
 set -uo pipefail
-phase=${1:?phase 1-7}
+phase=${1:?phase 1-8}
 out=${2:?output folder}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -157,5 +159,16 @@ case $phase in
   step 13 $(( $(left) - 20 )) 20
   pack
   ;;
-*) echo "unknown phase $phase; accepted: 1-7"; exit 2 ;;
+8)
+  # Round 5 in one command: what round 4 left (results/speed/nvidia-h100/README.md). The
+  # kernel tests first (quick to compile), then FLA's forward timings (its autotuning took
+  # round 4's long sweep), then FLA's test cases with whatever is left.
+  nvidia-smi > "$WORK/logs/nvidia-smi-start.txt" 2>&1
+  step 0 30
+  step 19 170
+  step 21 170
+  step 20 $(( $(left) - 20 )) 20
+  pack
+  ;;
+*) echo "unknown phase $phase; accepted: 1-8"; exit 2 ;;
 esac
