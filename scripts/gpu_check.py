@@ -418,16 +418,17 @@ LIBRARY_CAUSAL = ["linear:triton", "linear:fla-chunk", "linear:fla-recurrent",
 
 
 def step_libraries(ctx: Context, name: str = "gpu-libraries",
-                   lengths: tuple[int, ...] = (1024, 4096, 16384, 65536)) -> int:  # fmt: skip
+                   lengths: tuple[int, ...] = (1024, 4096, 16384, 65536),
+                   paths: list[str] = LIBRARY_CAUSAL, **suite) -> int:  # fmt: skip
     """FLA's chunk and recurrent kernels against attnbench's Triton kernels and dense
     flash / cuDNN, causal, 1k..64k, head dim 128, fwd and fwd+bwd: one run, so every ratio is
-    taken round by round."""
+    taken round by round. ``paths`` and ``suite`` (directions, group budget): a narrower sweep."""
     return speed_step(
         ctx, name,
         ["softmax:efficient", "linear:chunkwise", "retention:chunkwise"],
-        mechanisms=[*DENSE_REFS, *LIBRARY_CAUSAL],
+        mechanisms=[*DENSE_REFS, *paths],
         lengths=list(lengths), head_dims=[128], causal=[True],
-        reference="softmax:sdpa-cudnn", group_budget_s=6.0,
+        reference="softmax:sdpa-cudnn", **{"group_budget_s": 6.0, **suite},
     )  # fmt: skip
 
 
@@ -496,13 +497,10 @@ def step_libraries_fwd(ctx: Context) -> int:
     """Causal linear attention and retention forward, ours and FLA's chunk kernels, beside
     causal dense flash and cuDNN at 8k, 16k and 64k (16k tokens a batch): the ratio the issue
     asks for at 8k, and where each crosses cuDNN."""
-    return speed_step(
-        ctx, "gpu-libraries-fwd",
-        ["softmax:efficient", "linear:chunkwise", "retention:chunkwise"],
-        mechanisms=[*DENSE_REFS, "linear:triton", "linear:fla-chunk", "retention:triton",
-                    "retention:fla-chunk"],
-        lengths=[8192, 16384, 65536], head_dims=[128], causal=[True],
-        reference="softmax:sdpa-cudnn", directions=("fwd",), group_budget_s=4.0,
+    return step_libraries(
+        ctx, "gpu-libraries-fwd", (8192, 16384, 65536),
+        ["linear:triton", "linear:fla-chunk", "retention:triton", "retention:fla-chunk"],
+        directions=("fwd",), group_budget_s=4.0,
     )  # fmt: skip
 
 

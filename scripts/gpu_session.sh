@@ -57,6 +57,11 @@ step() {
   echo "step $n: budget $budget s ($(date +%T))"
   python scripts/gpu_check.py "$n" "$WORK/gpu" --budget-s "$budget"
 }
+# the machine as found (nvidia-smi), then step 0 (env) with at most $1 seconds
+begin() {
+  nvidia-smi > "$WORK/logs/nvidia-smi-start.txt" 2>&1
+  step 0 "$1"
+}
 pack() {
   nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv \
     > "$WORK/logs/clocks-end-phase$phase.csv" 2>&1
@@ -70,8 +75,7 @@ paper_args=(run extrapolate --preset paper --steps "$STEPS" --warmup "$WARMUP"
 
 case $phase in
 1)
-  nvidia-smi > "$WORK/logs/nvidia-smi-start.txt" 2>&1
-  step 0 60
+  begin 60
   # The trainings: O and E, seeds 0-2, each its own process sharing the GPU; then one
   # evaluation of every row on the same checkpoints, paired by seed.
   setsid bash -c '
@@ -124,8 +128,7 @@ case $phase in
   ;;
 4)
   # Round 3, the library kernels: env, their GPU tests, then FLA beside our Triton kernels.
-  nvidia-smi > "$WORK/logs/nvidia-smi-start.txt" 2>&1
-  step 0 60
+  begin 60
   step 11 180
   step 12 $(( $(left) - 20 )) 20
   pack
@@ -143,8 +146,7 @@ case $phase in
   # Round 3 in one command (a lease of 15 minutes holds one command and the machine's start):
   # what matters most first. The tests share the GPU only with each other; the profiles and the
   # timings have it to themselves.
-  nvidia-smi > "$WORK/logs/nvidia-smi-start.txt" 2>&1
-  step 0 40
+  begin 40
   step 16 280
   step 8 60
   step 12 $(( $(left) - 20 )) 20
@@ -152,8 +154,7 @@ case $phase in
   ;;
 7)
   # Round 4 in one command: what round 3 left (results/speed/nvidia-h100/README.md).
-  nvidia-smi > "$WORK/logs/nvidia-smi-start.txt" 2>&1
-  step 0 30
+  begin 30
   step 17 170
   step 18 200
   step 13 $(( $(left) - 20 )) 20
@@ -163,8 +164,7 @@ case $phase in
   # Round 5 in one command: what round 4 left (results/speed/nvidia-h100/README.md). The
   # kernel tests first (quick to compile), then FLA's forward timings (its autotuning took
   # round 4's long sweep), then FLA's test cases with whatever is left.
-  nvidia-smi > "$WORK/logs/nvidia-smi-start.txt" 2>&1
-  step 0 30
+  begin 30
   step 19 170
   step 21 170
   step 20 $(( $(left) - 20 )) 20
