@@ -122,6 +122,17 @@ def flex(device_type: str, backward: bool) -> str | None:
     return None
 
 
+def inductor(device_type: str, backward: bool) -> str | None:
+    """torch.compile's Inductor backend: C++ on the CPU, Triton on CUDA."""
+    if device_type == "cpu":
+        if cpp_compiler() is None:
+            return "compiled by torch.compile to C++ on the CPU: needs g++ or clang++ (or $CXX)"
+        return None
+    if device_type == "cuda":
+        return triton(device_type, backward)
+    return f"torch.compile paths run on the CPU or CUDA (asked for {device_type})"
+
+
 #: Other projects' packages that library-backed paths run: requirement name (``package:KEY``)
 #: -> (distribution on the package index, lowest version tested, attnbench extra that installs
 #: it).
@@ -236,6 +247,7 @@ CHECKS: dict[str, Callable[[str, bool], str | None]] = {
     "cuda": cuda,
     "triton": triton,
     "flex": flex,
+    "inductor": inductor,
     **{f"package:{key}": package(key) for key in PACKAGES},
     "package:xformers": xformers_kernels,
 }
@@ -270,6 +282,7 @@ def requirement(name: str) -> Requirement:
 CUDA = requirement("cuda")
 TRITON = requirement("triton")
 FLEX = requirement("flex")
+INDUCTOR = requirement("inductor")
 
 #: Library-backed paths: the other project's package, at a tested version.
 LOCAL_ATTENTION = requirement("package:local-attention")

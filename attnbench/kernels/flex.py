@@ -39,6 +39,13 @@ from attnbench.core import capabilities
 from attnbench.core.capabilities import FLEX, Requirement
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.spec import PathSpec, Shape
+from attnbench.kernels.inductor import (  # noqa: F401  (the limits, re-exported)
+    ACCUMULATED_RECOMPILE_LIMIT,
+    RECOMPILE_LIMIT,
+    call_signature,
+    raise_dynamo_limits,
+    reset_dynamo,
+)
 
 #: ``visible(i, j, n, causal, params) -> bool tensor`` (see ``Mechanism.visible``).
 VisibleRule = Callable[..., Tensor]
@@ -52,10 +59,6 @@ ScoreModBuilder = Callable[[int, bool, Mapping[str, Any]], ScoreMod]
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: How many BlockMasks / score_mods are kept (oldest dropped first).
 CACHE_SIZE = 64
-#: Recompilations of the compiled kernel allowed (one per length, direction, score_mod...).
-RECOMPILE_LIMIT = 64
-#: dynamo's limit over all compiled functions together (torch's default is 256).
-ACCUMULATED_RECOMPILE_LIMIT = 4096
 
 _block_masks: OrderedDict[Hashable, Any] = OrderedDict()
 _score_mods: OrderedDict[Hashable, ScoreMod] = OrderedDict()
@@ -171,18 +174,8 @@ def _kernel(device: torch.device) -> Callable[..., Tensor]:
     if kind not in _compiled:
         # Every new length (and score_mod closure) recompiles; past dynamo's per-function limit
         # (8 by default) dynamo would quietly run flex eagerly, the unfused O(n^2) kernel, in the
-        # middle of a sweep. Raise the limit once, never lower it.
-        import torch._dynamo.config as dynamo_config
-
-        dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, RECOMPILE_LIMIT)
-        # The global limit over every compiled function, too; and a limit hit is an error, never
-        # a silent eager (unfused, O(n^2) memory) run timed as if it were the fused kernel.
-        if hasattr(dynamo_config, "accumulated_recompile_limit"):
-            dynamo_config.accumulated_recompile_limit = max(
-                dynamo_config.accumulated_recompile_limit, ACCUMULATED_RECOMPILE_LIMIT
-            )
-        if hasattr(dynamo_config, "fail_on_recompile_limit_hit"):
-            dynamo_config.fail_on_recompile_limit_hit = True
+        # middle of a sweep: the limits are raised, and a hit is an error.
+        raise_dynamo_limits()
         _compiled[kind] = torch.compile(flex_attention, dynamic=False)
     return _compiled[kind]
 
@@ -191,9 +184,7 @@ def reset_compiled() -> None:
     """Forget the compiled kernel and every dynamo cache entry (the BlockMasks and score_mods
     stay): the next call compiles afresh. Inductor's on-disk cache makes that a cache hit for a
     signature compiled before."""
-    import torch._dynamo
-
-    torch._dynamo.reset()
+    reset_dynamo()  # every compiled function's, the other compiled paths' too
     _compiled.clear()
     _signatures.clear()
 
@@ -215,10 +206,7 @@ def note_signature(signature: Hashable) -> bool:
 
 def _signature(q: Tensor, k: Tensor, v: Tensor, *extra: Hashable) -> tuple:
     """What dynamo specialises the compiled call on: shapes, strides, dtypes, grad, the rest."""
-    tensors = tuple(
-        (tuple(t.shape), t.stride(), t.dtype, str(t.device), t.requires_grad) for t in (q, k, v)
-    )  # dynamo guards on grad mode and on each tensor's requires_grad separately
-    return (tensors, torch.is_grad_enabled(), *extra)
+    return call_signature(q, k, v, *extra)
 
 
 def check_call(q: Tensor, k: Tensor, v: Tensor) -> None:

@@ -15,6 +15,12 @@ Paths (all compute the same function):
   ``chunk`` positions: inside a chunk densely (``chunk x chunk``), across chunks through an
   exclusive cumulative sum of the per-chunk states ``phi(K_c)^T V_c``, so memory is
   O(T chunk + T d^2 / chunk), never the T d^2 of one state per position (Su 2022's b*n*s^2).
+* ``compiled``: ``chunkwise`` under ``torch.compile`` (:mod:`attnbench.kernels.inductor`;
+  Inductor's C++ on the CPU, Triton on CUDA), the feature map written out of place
+  (:func:`traceable_phi`) so that it, the normaliser and the division become one fused pass
+  each. On one CPU thread at T = 8192, D = 32 the bidirectional forward takes about 0.65x the
+  eager path's time and forward+backward 0.65x; causal about 0.85x (its time is in the small
+  batched products, which stay as they are). Each new shape compiles once (seconds).
 * ``recurrent``: the RNN view, a Python loop over positions, ``S_t = S_{t-1} + phi(K_t)^T V_t``,
   ``O_t = phi(Q_t) S_t`` (bidirectional: every query reads the final state). O(d^2) state;
   autograd keeps one state per step for backward.
@@ -49,7 +55,7 @@ from attnbench.core import sources
 from attnbench.core.capabilities import FLA_CORE
 from attnbench.core.precision import float32_sums, refuse_overflow
 from attnbench.core.spec import Mechanism, Param, PathSpec, Shape, positive_int
-from attnbench.kernels import triton_ops
+from attnbench.kernels import inductor, triton_ops
 from attnbench.libraries import fla
 from attnbench.variants.chunks import chunked
 
@@ -102,6 +108,15 @@ def phi(x: Tensor, feature_map: str) -> Tensor:
     return FEATURE_MAPS[feature_map](x)
 
 
+def traceable_phi(x: Tensor, feature_map: str) -> Tensor:
+    """:func:`phi` as plain out-of-place expressions, for the compiled path: elu + 1 as
+    e^min(x, 0) + max(x, 0) (no cancellation, as above) with no in-place ops or custom backward,
+    so Inductor fuses it into one pass and derives its gradient, e^min(x, 0) [x < 0] + [x > 0]."""
+    if feature_map == "elu+1":
+        return torch.exp2((x * LOG2E).clamp(max=0)) + x.clamp(min=0)
+    return FEATURE_MAPS[feature_map](x)
+
+
 @float32_sums
 def reference(
     q: Tensor,
@@ -150,8 +165,53 @@ def chunkwise(
     chunk: int,
 ) -> Tensor:
     """Dense inside chunks, prefix sums of chunk states across. q, k, v: [B, H, T, D]."""
+    return _chunkwise(q, k, v, causal, feature_map, normalize, eps, chunk, phi)
+
+
+@float32_sums
+def compiled(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    feature_map: str,
+    normalize: bool,
+    eps: float,
+    chunk: int,
+) -> Tensor:
+    """``chunkwise`` under ``torch.compile`` (:mod:`attnbench.kernels.inductor`): the feature
+    map, the normaliser and the division each one fused pass; the products as they were."""
+    return inductor.run_compiled(_traceable_chunkwise, q, k, v, causal, feature_map, normalize,
+                                 float(eps), chunk)  # fmt: skip
+
+
+def _traceable_chunkwise(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: bool,
+    feature_map: str,
+    normalize: bool,
+    eps: float,
+    chunk: int,
+) -> Tensor:
+    return _chunkwise(q, k, v, causal, feature_map, normalize, eps, chunk, traceable_phi)
+
+
+def _chunkwise(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    causal: bool,
+    feature_map: str,
+    normalize: bool,
+    eps: float,
+    chunk: int,
+    phi: Callable[[Tensor, str], Tensor],
+) -> Tensor:
     if not causal:
-        return _global(q, k, v, feature_map=feature_map, normalize=normalize, eps=eps)
+        return _global(q, k, v, feature_map=feature_map, normalize=normalize, eps=eps, phi=phi)
     fq, fk, vv = phi(q, feature_map), phi(k, feature_map), _values(v, normalize)
     b, h, t, d = fq.shape
     c = min(chunk, t)
@@ -167,7 +227,14 @@ def chunkwise(
 
 
 def _global(
-    q: Tensor, k: Tensor, v: Tensor, *, feature_map: str, normalize: bool, eps: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    feature_map: str,
+    normalize: bool,
+    eps: float,
+    phi: Callable[[Tensor, str], Tensor],
 ) -> Tensor:
     """Bidirectional: phi(Q) (phi(K)^T V) / (phi(Q) . sum_t phi(K_t) + eps). The normaliser is
     its own sum and row-wise dot product rather than a ones column on V: no widened copy of V,
@@ -338,6 +405,15 @@ MECHANISM = Mechanism(
             chunkwise,
             memory="O(n d^2 / chunk + n chunk)",
             note="causal: dense inside chunks, exclusive prefix sum of chunk states across",
+        ),
+        PathSpec(
+            "compiled",
+            "efficient",
+            compiled,
+            memory="O(n d^2 / chunk + n chunk)",
+            requires=inductor.REQUIRES,
+            note="chunkwise under torch.compile: the feature map, normaliser and division fused",
+            compiled=True,
         ),
         PathSpec(
             "recurrent",

@@ -395,6 +395,8 @@ FOUND = [
     # elu(x) + 1 as (e^x - 1) + 1 cancelled to 0 for x < -8 (float16), -17 (float32)
     ("linear", "reference", False, 18, EXTREME[0], 2),
     ("linear", "chunkwise", True, 18, EXTREME[0], 2),
+    ("linear", "compiled", True, 18, EXTREME[0], 2),
+    ("linear", "compiled", False, 18, EXTREME[0], 2),
     # AFT's separate stabilisers of K and w: 0/0 in every float16 draw at std 5, T = 129
     ("aft-full", "efficient", False, 129, EXTREME[1], 0),
     ("aft-full", "efficient", True, 129, EXTREME[1], 1),
