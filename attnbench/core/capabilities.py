@@ -109,15 +109,21 @@ def flex(device_type: str, backward: bool) -> str | None:
         return f"FlexAttention paths run on CUDA or the CPU (asked for {device_type})"
     if backward:
         return "FlexAttention has no backward on CPU (forward only)"
+    why = _inductor_cpu()
+    return f"FlexAttention on CPU {why}" if why else None
+
+
+def _inductor_cpu() -> str | None:
+    """Why torch.compile (Inductor) cannot build C++ kernels on this CPU; None when it can."""
     if cpp_compiler() is None:
-        return "FlexAttention on CPU is compiled to C++: needs g++ or clang++ (or $CXX)"
+        return "is compiled to C++ by torch.compile: needs g++ or clang++ (or $CXX)"
     if cpu_vector_isa() == "DEFAULT":
-        # Inductor's C++ template for FlexAttention is written with at::vec; torch running
-        # without a vector ISA (ATEN_CPU_CAPABILITY=default, or a CPU without AVX2) fails to
-        # compile it.
+        # Inductor's C++ kernels are written with at::vec; torch running without a vector ISA
+        # (ATEN_CPU_CAPABILITY=default, or a CPU without AVX2) fails to compile them.
         return (
-            "FlexAttention's CPU kernel needs a vector instruction set (AVX2 or better), and "
-            "torch runs without one here (ATEN_CPU_CAPABILITY=default or an older CPU)"
+            "is compiled to C++ by torch.compile, whose kernels need a vector instruction set "
+            "(AVX2 or better), and torch runs without one here (ATEN_CPU_CAPABILITY=default or "
+            "an older CPU)"
         )
     return None
 
@@ -125,9 +131,8 @@ def flex(device_type: str, backward: bool) -> str | None:
 def inductor(device_type: str, backward: bool) -> str | None:
     """torch.compile's Inductor backend: C++ on the CPU, Triton on CUDA."""
     if device_type == "cpu":
-        if cpp_compiler() is None:
-            return "compiled by torch.compile to C++ on the CPU: needs g++ or clang++ (or $CXX)"
-        return None
+        why = _inductor_cpu()
+        return f"this path on the CPU {why}" if why else None
     if device_type == "cuda":
         return triton(device_type, backward)
     return f"torch.compile paths run on the CPU or CUDA (asked for {device_type})"

@@ -13,6 +13,9 @@ from attnbench.core.spec import Mechanism, PathSpec, Shape
 #: compiler, and its FlexAttention template a vector instruction set torch is using).
 CPU_FLEX = capabilities.flex("cpu", backward=False)
 needs_cpu_flex = pytest.mark.skipif(CPU_FLEX is not None, reason=f"CPU FlexAttention: {CPU_FLEX}")
+#: Why torch.compile cannot build C++ kernels on this CPU (None where it can: the same needs).
+CPU_INDUCTOR = capabilities.inductor("cpu", backward=False)
+needs_cpu_inductor = pytest.mark.skipif(CPU_INDUCTOR is not None, reason=f"{CPU_INDUCTOR}")
 
 LENGTHS = (1, 7, 97, 257)
 HEAD_DIMS = (32, 64, 80)

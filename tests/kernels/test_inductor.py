@@ -14,6 +14,7 @@ from attnbench import registry
 from attnbench.core import capabilities
 from attnbench.kernels import inductor
 from attnbench.variants import linear
+from tests.helpers.cases import needs_cpu_inductor
 
 
 def test_traceable_feature_map_is_elu_plus_one_without_cancellation():
@@ -42,6 +43,7 @@ def test_traceable_feature_map_gradient_is_finite_and_exact():
     torch.testing.assert_close(grad, expected, rtol=1e-14, atol=0)
 
 
+@needs_cpu_inductor
 def test_compiled_path_runs_compiled_and_equals_the_eager_chunkwise_path():
     mech = registry.get("linear")
     path = mech.path("compiled")
@@ -98,6 +100,15 @@ def test_compiled_path_without_a_cpp_compiler_says_why(monkeypatch):
     monkeypatch.setattr(capabilities, "cpp_compiler", lambda: None)
     why = registry.get("linear").path("compiled").unavailable("cpu")
     assert why and "C++" in why and "g++" in why
+
+
+def test_compiled_path_without_a_vector_isa_says_why(monkeypatch):
+    """Inductor's C++ kernels use at::vec: torch without a vector ISA (ATEN_CPU_CAPABILITY=default)
+    cannot compile them, for the compiled paths as for FlexAttention."""
+    monkeypatch.setattr(capabilities, "cpu_vector_isa", lambda: "DEFAULT")
+    for path in (registry.get("linear").path("compiled"), registry.get("local").path("flex")):
+        why = path.unavailable("cpu")
+        assert why and "vector instruction set" in why and "ATEN_CPU_CAPABILITY" in why
 
 
 @pytest.mark.parametrize("device_type", ["mps", "meta"])
