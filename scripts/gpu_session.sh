@@ -20,6 +20,9 @@
 #                                       # reach, FLA at 16k and 64k, SageAttention
 #   bash scripts/gpu_session.sh 8 OUT   # round 5, one command: the kernel tests round 4 did not
 #                                       # reach, FLA's forward at 8k-64k, FLA's test cases
+#   bash scripts/gpu_session.sh 9 OUT   # round 6, one command: FLA's chunk-kernel cases round 5
+#                                       # left (4 workers), then the library sweep at 16k and
+#                                       # 64k, forward and forward+backward
 #
 # Before the lease: bash scripts/fetch_library_wheels.sh (the library paths' wheels in .whl/,
 # carried with each command). Everything goes to $WORK (default .gpuwork/ in the checkout:
@@ -28,7 +31,7 @@
 # (setsid), so they outlive the command that started them. Phase budgets: PHASE_S seconds
 # (default 560) from the phase's start; every step gets what is left.
 set -uo pipefail
-phase=${1:?phase 1-8}
+phase=${1:?phase 1-9}
 out=${2:?output folder}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -170,5 +173,14 @@ case $phase in
   step 20 $(( $(left) - 20 )) 20
   pack
   ;;
-*) echo "unknown phase $phase; accepted: 1-8"; exit 2 ;;
+9)
+  # Round 6 in one command: what round 5 left (results/speed/nvidia-h100/README.md). FLA's
+  # chunk-kernel cases with 4 workers (its backward autotunes for minutes per process), then the
+  # fwd+bwd library sweep that round 4's step 18 never reached (FLA's kernels are warm by then).
+  begin 30
+  step 22 260
+  step 18 $(( $(left) - 20 )) 20
+  pack
+  ;;
+*) echo "unknown phase $phase; accepted: 1-9"; exit 2 ;;
 esac
