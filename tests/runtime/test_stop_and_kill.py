@@ -31,9 +31,17 @@ ONE_UNIT = ["--impl", "softmax", "--no-causal", "--direction", "fwd", "--lengths
 
 
 def start(args: list[str], cwd: Path, err: Path) -> subprocess.Popen:
-    """``python -m attnbench ARGS`` with standard error into ``err`` (read while it runs)."""
+    """``python -m attnbench ARGS`` with standard error into ``err`` (read while it runs), and
+    Ctrl-C handled as a terminal would deliver it: a test session started in the background of a
+    non-interactive shell (``bash -c 'pytest' &``) has SIGINT ignored, which its children would
+    inherit, and a SIGINT sent to them would then do nothing."""
     return subprocess.Popen([sys.executable, "-m", "attnbench", *args], cwd=cwd, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=err.open("w"))  # fmt: skip
+                            stdout=subprocess.DEVNULL, stderr=err.open("w"),
+                            preexec_fn=_default_sigint)  # fmt: skip
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(found, what: str, timeout: float = 120.0):
