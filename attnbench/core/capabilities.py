@@ -134,7 +134,7 @@ def inductor(device_type: str, backward: bool) -> str | None:
         why = _inductor_cpu()
         return f"this path on the CPU {why}" if why else None
     if device_type == "cuda":
-        return triton(device_type, backward)
+        return cuda(device_type, backward) or triton(device_type, backward)
     return f"torch.compile paths run on the CPU or CUDA (asked for {device_type})"
 
 

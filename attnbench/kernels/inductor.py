@@ -82,7 +82,8 @@ def run_compiled(fn: Callable[..., Tensor], *args: Any) -> Tensor:
     seen = _signatures.setdefault(fn, set())
     if signature not in seen and len(seen) >= RECOMPILE_LIMIT // 2:
         reset_dynamo()
-    _signatures.setdefault(fn, set()).add(signature)
+        seen = _signatures.setdefault(fn, set())
+    seen.add(signature)
     if fn not in _compiled:
         raise_dynamo_limits()
         _compiled[fn] = torch.compile(fn, dynamic=False)
