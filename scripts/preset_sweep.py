@@ -79,6 +79,14 @@ CANDIDATES: dict[str, dict[str, str]] = {
     "h8-m0.4-b32-ffn2-9600-lr2e-3": {**H8_MASK40_B32_FFN2, "train.lr": "2e-3"},
     "h8-m0.4-b32-ffn2-9600-lr1.5e-3": {**H8_MASK40_B32_FFN2, "train.lr": "1.5e-3"},
     "h8-m0.4-b32-ffn2-9600-wd0.1": {**H8_MASK40_B32_FFN2, "train.weight_decay": "0.1"},
+    # The end of training (the chosen preset's shape): a closing phase at the evaluation's 15 %
+    # masks, and the cosine down to 0 instead of 0.1 lr.
+    "ffn2-9600-final0.15x1200": {
+        **H8_MASK40_B32_FFN2,
+        "train.final_mask_prob": "0.15",
+        "train.final_mask_steps": "1200",
+    },
+    "ffn2-9600-minlr0": {**H8_MASK40_B32_FFN2, "train.min_lr_ratio": "0"},
 }
 
 

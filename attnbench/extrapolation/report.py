@@ -377,27 +377,33 @@ FLOOR_LABEL, BACKOFF_LABEL = "count-baseline", "count-backoff"
 class TrainingExamples:
     """How many masked examples one training saw, as its config expects them: ``steps`` x
     ``batch`` windows x ``train_len`` positions x ``mask_prob`` (each position is masked at
-    random, so the count a training really drew varies around this)."""
+    random, so the count a training really drew varies around this). With a closing phase at
+    another rate, ``mask_prob`` is the mean over the steps and ``phases`` says which rates."""
 
     steps: int
     batch: int
     train_len: int
     mask_prob: float
+    phases: str = ""  # e.g. "0.4, the last 1,000 steps 0.15"; "": one rate
 
     @classmethod
     def from_config(cls, cfg: Any) -> TrainingExamples:
         """From an :class:`~attnbench.extrapolation.config.ExtrapConfig`."""
         t = cfg.train
-        return cls(t.steps, t.batch, cfg.model.train_len, t.mask_prob)
+        phases = ""
+        if t.final_mask_prob:
+            phases = f"{t.mask_prob:g}, the last {t.final_mask_steps:,} steps {t.final_mask_prob:g}"
+        return cls(t.steps, t.batch, cfg.model.train_len, t.masked_share(), phases)
 
     @property
     def expected(self) -> float:
         return self.steps * self.batch * self.train_len * self.mask_prob
 
     def text(self) -> str:
+        rate = f"{self.mask_prob:.4g} masked" + (f" ({self.phases})" if self.phases else "")
         return (
             f"{self.steps:,} steps × {self.batch} windows × {self.train_len} positions × "
-            f"{self.mask_prob:g} masked = {self.expected:,.0f} masked examples (expected)"
+            f"{rate} = {self.expected:,.0f} masked examples (expected)"
         )
 
 

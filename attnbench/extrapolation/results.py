@@ -30,7 +30,11 @@ MASKING = (
 
 
 def masking(cfg: ExtrapConfig) -> str:
-    return MASKING.format(p=cfg.train.mask_prob, q=cfg.eval_mask_prob, seed=cfg.eval.seed)
+    t = cfg.train
+    rate = f"{t.mask_prob:g}"
+    if t.final_mask_prob:
+        rate += f" ({t.final_mask_prob:g} in the last {t.final_mask_steps:,} steps)"
+    return MASKING.format(p=rate, q=cfg.eval_mask_prob, seed=cfg.eval.seed)
 
 
 #: Each row's per-piece (masked, correct) counts (the rows' PIECES entries).

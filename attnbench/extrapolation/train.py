@@ -141,6 +141,28 @@ class TrainConfig(Checked):
     copy_length: int = setting(
         64, "bytes copied per window when copy_share > 0 (at most L - distance)", valid=at_least(1)
     )
+    final_mask_prob: float = setting(
+        0.0,
+        "masking probability of the last final_mask_steps steps: a closing phase at another rate "
+        "(e.g. the evaluation's) after training at mask_prob; 0: off, every step at mask_prob",
+        valid=within(0, 1),
+    )
+    final_mask_steps: int = setting(
+        0, "steps at the end trained at final_mask_prob (with it > 0)", valid=at_least(0)
+    )
+
+    def mask_prob_at(self, step: int) -> float:
+        """The masking probability of step ``step`` (0-based): mask_prob, or final_mask_prob
+        in the last final_mask_steps steps when that phase is on."""
+        final = self.final_mask_prob and step >= self.steps - self.final_mask_steps
+        return self.final_mask_prob if final else self.mask_prob
+
+    def masked_share(self) -> float:
+        """The masking probability averaged over the steps (what a step masks on average)."""
+        if not self.final_mask_prob:
+            return self.mask_prob
+        final = min(self.final_mask_steps, self.steps)
+        return ((self.steps - final) * self.mask_prob + final * self.final_mask_prob) / self.steps
 
 
 def check_training_options(
@@ -166,6 +188,20 @@ def check_training_options(
             f"train.random_positions = {cfg.random_positions} is not accepted: a window needs "
             f"model.train_len = {train_len} distinct positions; accepted: 0 (off) or an integer "
             f">= {train_len}, typically the longest evaluation length"
+        )
+    if bool(cfg.final_mask_prob) != bool(cfg.final_mask_steps) or (
+        cfg.final_mask_prob and not 0 < cfg.final_mask_prob < 1
+    ):
+        raise AttnbenchError(
+            f"train.final_mask_prob = {cfg.final_mask_prob:g} with train.final_mask_steps = "
+            f"{cfg.final_mask_steps} is not accepted: the closing phase needs both, a rate "
+            "strictly between 0 and 1 and a number of steps >= 1; accepted: both set (e.g. "
+            "final_mask_prob=0.15, final_mask_steps=1000) or both 0 (off)"
+        )
+    if cfg.final_mask_steps > cfg.steps:
+        raise AttnbenchError(
+            f"train.final_mask_steps = {cfg.final_mask_steps} is not accepted: training has "
+            f"train.steps = {cfg.steps}; accepted: 0..{cfg.steps}"
         )
     if cfg.random_positions and model is not None and not _takes_positions(model):
         who = f"variant {variant}" if variant else "this model"
@@ -198,7 +234,8 @@ class BatchSampler:
 
     ``next()`` returns inputs ``[B, L]`` (long, masked positions set to MASK_ID), the targets of
     the masked positions ``[N]`` (long) and the mask ``[B, L]`` (bool); ``next(length)`` the
-    same for windows of a shorter ``length`` dividing L, B * L / length of them.
+    same for windows of a shorter ``length`` dividing L, B * L / length of them;
+    ``next(length, mask_prob)`` masks at another rate than the sampler's own.
     """
 
     def __init__(self, stream: Tensor, length: int, batch: int, mask_prob: float, seed: int):
@@ -211,8 +248,11 @@ class BatchSampler:
         self.gen = torch.Generator().manual_seed(seed)
         self.offsets = torch.arange(length)  # (L,)
 
-    def next(self, length: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def next(
+        self, length: int | None = None, mask_prob: float | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         length = self.length if length is None else length
+        mask_prob = self.mask_prob if mask_prob is None else mask_prob
         if not 1 <= length <= self.length or self.length % length:
             raise AttnbenchError(f"window length {length} does not divide {self.length}")
         count = self.batch * self.length // length  # W windows: the tokens of B windows of L
@@ -221,7 +261,7 @@ class BatchSampler:
             0, self.stream.numel() - length + 1, (count,), generator=self.gen
         )  # (W,)
         tokens = self.stream[starts[:, None] + offsets].long()  # (W, l)
-        mask = torch.rand(tokens.shape, generator=self.gen) < self.mask_prob  # (W, l)
+        mask = torch.rand(tokens.shape, generator=self.gen) < mask_prob  # (W, l)
         return tokens.masked_fill(mask, MASK_ID), tokens[mask], mask
 
     def state(self) -> Tensor:
@@ -246,10 +286,13 @@ class TrainingBatches:
     (the default run's, draw for draw, when both options are off), the step's length
     (``window_lengths``) and the windows' positions (``random_positions``) each from a generator
     of its own, seeded from ``seed`` and its purpose. Every generator's state is in the
-    checkpoint (:meth:`state`), so a resumed run draws what an uninterrupted one would."""
+    checkpoint (:meth:`state`), so a resumed run draws what an uninterrupted one would. The
+    masking rate is the step's (:meth:`TrainConfig.mask_prob_at`): the batches count the steps
+    they have drawn (``drawn``; a resumed run sets it to the checkpoint's step)."""
 
     def __init__(self, stream: Tensor, cfg: TrainConfig, train_len: int, seed: int):
         check_training_options(cfg, train_len)
+        self.cfg, self.drawn = cfg, 0
         self.windows = BatchSampler(stream, train_len, cfg.batch, cfg.mask_prob, seed)
         self.train_len, self.lengths, self.span = (
             train_len,
@@ -267,7 +310,9 @@ class TrainingBatches:
 
     def next(self) -> Batch:
         length = self._length()
-        inputs, targets, mask = self.windows.next(length)  # (W, l), (N,), (W, l)
+        mask_prob = self.cfg.mask_prob_at(self.drawn)
+        self.drawn += 1
+        inputs, targets, mask = self.windows.next(length, mask_prob)  # (W, l), (N,), (W, l)
         if self.copy_share:
             inputs, targets = self._with_copies(inputs, targets, mask)
         return Batch(inputs, targets, mask, self._positions(len(inputs), length))
@@ -300,7 +345,9 @@ class TrainingBatches:
         own = {name: gen.get_state() for name, gen in self.generators.items()}
         return {"windows": self.windows.state(), **own}
 
-    def set_state(self, state: Mapping[str, Tensor]) -> None:
+    def set_state(self, state: Mapping[str, Tensor], drawn: int = 0) -> None:
+        """The generators' states of :meth:`state`, after ``drawn`` steps."""
+        self.drawn = drawn
         self.windows.set_state(state["windows"])
         for name, gen in self.generators.items():
             gen.set_state(state[name])
@@ -633,7 +680,7 @@ def _restore(
     model.load_state_dict(resume["model"])
     opt.load_state_dict(resume["optim"])
     rng = resume["rng"]
-    sampler.set_state({"windows": rng["sampler"], **rng.get("options", {})})
+    sampler.set_state({"windows": rng["sampler"], **rng.get("options", {})}, resume["step"])
     torch.set_rng_state(rng["torch"])
     random.setstate(_python_state(rng["python"]))
     return resume["step"], resume["train_time_s"], list(resume["history"])
