@@ -14,6 +14,12 @@ seed with a row of another. ``--run LABEL=CSV`` names a run's ``extrapolate.csv`
 rows and Su 2021's published numbers belong to each run's own table). ``--contrast A B`` adds
 A − B, paired by seed, in the format of the tables' differences (mean [95 % t-interval] p, sign
 count; descriptive). Writes Markdown to ``--out`` (and prints it).
+
+Runs of the same models evaluated in parts (seeds 0-2 in one run, 3-5 in another) pool under
+one label: ``--run "copies=A/extrapolate.csv" --run "copies=B/extrapolate.csv"``; a (row, seed,
+length) found in two runs of one label stops the script. ``--long-range`` adds the long-range
+span (``longrange.csv`` beside each ``extrapolate.csv``): the copy accuracy pooled over the
+distances d >= L, as ``longrange.md`` pools it, with the same contrasts on it.
 """
 
 from __future__ import annotations
@@ -23,17 +29,18 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.extrapolation import report
+from attnbench.extrapolation import longrange_report, report
 
 
-def labelled(spec: str, rows: list[str], seeds: list[int]) -> pd.DataFrame:
-    """The ok model rows of ``LABEL=CSV`` among ``rows`` and ``seeds``, each named
-    ``VARIANT [LABEL]``."""
+def _spec(spec: str) -> tuple[str, Path]:
     label, sep, path = spec.rpartition("=")  # a label may hold "=", a path does not
     if not sep or not label or not path:
         raise SystemExit(f"--run {spec!r}: give LABEL=PATH to an extrapolate.csv")
-    df = pd.read_csv(path)
-    df = df[(df["status"] == "ok") & (df["kind"] != "baseline")]
+    return label, Path(path)
+
+
+def _kept(df: pd.DataFrame, rows: list[str], seeds: list[int], label: str, path: Path):
+    """``df``'s rows among ``rows`` and ``seeds``, each named ``VARIANT [LABEL]``."""
     df = df[df["variant"].isin(rows) & df["seed"].isin(seeds)].copy()
     missing = set(rows) - set(df["variant"])
     if missing:
@@ -42,13 +49,49 @@ def labelled(spec: str, rows: list[str], seeds: list[int]) -> pd.DataFrame:
     return df
 
 
-def markdown(df: pd.DataFrame, contrasts: list[tuple[str, str]], command: str) -> str:
+def labelled(spec: str, rows: list[str], seeds: list[int]) -> pd.DataFrame:
+    """The ok model rows of ``LABEL=CSV`` among ``rows`` and ``seeds``, each named
+    ``VARIANT [LABEL]``."""
+    label, path = _spec(spec)
+    df = pd.read_csv(path)
+    df = df[(df["status"] == "ok") & (df["kind"] != "baseline")]
+    return _kept(df, rows, seeds, label, path)
+
+
+def long_range(spec: str, rows: list[str], seeds: list[int]) -> pd.DataFrame:
+    """The long-range copy accuracy beyond L of the run ``LABEL=CSV`` (its ``longrange.csv``),
+    one row per (variant, seed, length) as the standard span's, named ``VARIANT [LABEL]``."""
+    label, path = _spec(spec)
+    cells_path = path.with_name(longrange_report.CSV_NAME)
+    if not cells_path.exists():
+        raise SystemExit(f"--run {label}: --long-range, but there is no {cells_path}")
+    cells = pd.read_csv(cells_path)
+    cells = cells[cells["variant"].isin(rows) & cells["seed"].isin(seeds)]
+    pooled = pd.DataFrame(longrange_report.pooled(cells, beyond=True))
+    if pooled.empty:
+        raise SystemExit(f"--run {label}: no cells of {rows} for seeds {seeds} in {cells_path}")
+    return _kept(pooled, rows, seeds, label, cells_path)
+
+
+def joined(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The runs' rows in one frame; a (row, seed, length) in two runs stops the script."""
+    df = pd.concat(frames, ignore_index=True)
+    twice = df[df.duplicated(["variant", "seed", "eval_len"], keep=False)]
+    if not twice.empty:
+        first = twice.iloc[0]
+        raise SystemExit(
+            f"{first['variant']} seed {int(first['seed'])} at n = {int(first['eval_len'])} is in "
+            "two runs of one label: give each run a seed set of its own (--seeds) or its own label"
+        )
+    return df
+
+
+def section(df: pd.DataFrame, contrasts: list[tuple[str, str]], what: str) -> list[str]:
+    """The mean ± std table of ``df`` and its paired ``contrasts``."""
     lengths = sorted(int(n) for n in df["eval_len"].unique())
     rows = df.to_dict("records")
     lines = [
-        f"Made by: `{command}`",
-        "",
-        "Masked-token accuracy (%), mean ± std over seeds:",
+        f"{what}, mean ± std over seeds:",
         "",
         report.markdown_table(report.summarise(rows), lengths, published=False),
     ]
@@ -65,6 +108,24 @@ def markdown(df: pd.DataFrame, contrasts: list[tuple[str, str]], command: str) -
             "",
             *report.contrast_table(frames, lengths),
         ]
+    return lines
+
+
+def markdown(
+    df: pd.DataFrame,
+    contrasts: list[tuple[str, str]],
+    command: str,
+    beyond: pd.DataFrame | None = None,
+) -> str:
+    lines = [f"Made by: `{command}`", ""]
+    lines += section(df, contrasts, "Masked-token accuracy (%)")
+    if beyond is not None:
+        train_len = int(beyond["train_len"].iloc[0])
+        what = (
+            f"Long-range span: copy accuracy (%) over the distances d >= L = {train_len}, scored "
+            "bytes pooled over the distances (as longrange.md pools them)"
+        )
+        lines += ["", *section(beyond, contrasts, what)]
     return "\n".join(lines) + "\n"
 
 
@@ -74,16 +135,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", required=True, help="comma-separated seeds, e.g. 0,1,2")
     ap.add_argument("--rows", required=True, help="comma-separated variants, e.g. O,E,O+logn")
     ap.add_argument("--contrast", nargs=2, action="append", default=[], metavar=("A", "B"))
+    ap.add_argument("--long-range", action="store_true", help="add the long-range span")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
-    df = pd.concat([labelled(spec, rows, seeds) for spec in args.run], ignore_index=True)
+    df = joined([labelled(spec, rows, seeds) for spec in args.run])
+    beyond = None
+    if args.long_range:
+        beyond = joined([long_range(spec, rows, seeds) for spec in args.run])
     command = "python scripts/join_tables.py " + " ".join(
         [*(f'--run "{r}"' for r in args.run), f"--seeds {args.seeds}", f"--rows {args.rows}",
-         *(f'--contrast "{a}" "{b}"' for a, b in args.contrast), f"--out {args.out}"]
+         *(f'--contrast "{a}" "{b}"' for a, b in args.contrast),
+         *(["--long-range"] if args.long_range else []), f"--out {args.out}"]
     )  # fmt: skip
-    text = markdown(df, [tuple(c) for c in args.contrast], command)
+    text = markdown(df, [tuple(c) for c in args.contrast], command, beyond)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")
     print(text, end="")

@@ -53,3 +53,53 @@ def test_a_missing_row_stops_with_its_name(tmp_path):
     with pytest.raises(SystemExit, match=r"no rows \['O\+logn'\]"):
         join_tables.main(["--run", f"x={a}", "--seeds", "0", "--rows", "O,O+logn",
                           "--out", str(tmp_path / "o.md")])  # fmt: skip
+
+
+CELL_COLUMNS = ["variant", "kind", "seed", "train_len", "eval_len", "distance", "copy_length",
+                "scored", "correct", "no_copy_correct", "accuracy", "no_copy_accuracy"]  # fmt: skip
+
+
+def write_cells(folder: Path, seeds: tuple[int, ...], bonus: int) -> None:
+    """longrange.csv of O and O+w: at d = 32 (< L) every byte right; at d = 64 and 96 (>= L)
+    O+w gets ``bonus`` + seed more of 100 right than O's 40 + seed and 30."""
+    with (folder / "longrange.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(CELL_COLUMNS)
+        for seed in seeds:
+            for variant, extra in (("O", 0), ("O+w", bonus + seed)):
+                for d, correct in ((32, 100), (64, 40 + seed), (96, 30)):
+                    hits = correct if d < 64 else correct + extra
+                    writer.writerow([variant, "trained", seed, 64, 128, d, 16, 100, hits, 10,
+                                     hits / 100, 0.1])  # fmt: skip
+
+
+def test_runs_of_one_label_pool_their_seeds_and_the_long_range_span_pools_beyond_l(tmp_path):
+    parts = []
+    for part, seeds in (("a", (0, 1)), ("b", (2,))):
+        folder = tmp_path / part
+        folder.mkdir()
+        rows = [r for r in run_rows(0.0) if r[2] in seeds or r[2] == ""]
+        rows += [("O+w", "trained", s, n, 70.0 + s, "ok") for s in seeds for n in (64, 128)]
+        parts.append(write_run(folder / "extrapolate.csv", rows))
+        write_cells(folder, seeds, bonus=5)
+    out = tmp_path / "joined.md"
+    join_tables.main(["--run", f"c={parts[0]}", "--run", f"c={parts[1]}", "--seeds", "0,1,2",
+                      "--rows", "O,O+w", "--contrast", "O+w [c]", "O [c]", "--long-range",
+                      "--out", str(out)])  # fmt: skip
+    text = out.read_text()
+    standard, beyond = text.split("Long-range span")
+    diffs = [70.0 + s - (60.0 + s + 1) for s in (0, 1, 2)]  # at n = 64: 9.0 on every seed
+    assert f"+{statistics.mean(diffs):.1f} [" in standard and "3/3 seeds positive" in standard
+    # beyond L: (2 * 5 + 2 * seed) more right of 200 scored = 5 + seed points
+    gain = statistics.mean(5.0 + s for s in (0, 1, 2))
+    row = next(line for line in beyond.splitlines() if line.startswith("| (O+w [c]) − (O [c])"))
+    assert f"+{gain:.1f} [" in row and "3/3 seeds positive" in row
+    o_seed0 = 100 * (40 + 30) / 200  # O's pooled accuracy, seed 0, d >= 64 only
+    assert o_seed0 == 35.0 and "| O [c] | trained |" in beyond
+
+
+def test_a_seed_in_two_runs_of_one_label_stops(tmp_path):
+    a = write_run(tmp_path / "a.csv", run_rows(0.0))
+    with pytest.raises(SystemExit, match=r"O \[x\] seed 0 at n = 64 is in two runs"):
+        join_tables.main(["--run", f"x={a}", "--run", f"x={a}", "--seeds", "0,1", "--rows", "O",
+                          "--out", str(tmp_path / "o.md")])  # fmt: skip
