@@ -15,9 +15,10 @@ rows and Su 2021's published numbers belong to each run's own table). ``--contra
 A − B, paired by seed, in the format of the tables' differences (mean [95 % t-interval] p, sign
 count; descriptive). Writes Markdown to ``--out`` (and prints it).
 
-Runs of the same models evaluated in parts (seeds 0-2 in one run, 3-5 in another) pool under
-one label: ``--run "copies=A/extrapolate.csv" --run "copies=B/extrapolate.csv"``; a (row, seed,
-length) found in two runs of one label stops the script. ``--long-range`` adds the long-range
+Runs of one training setting evaluated in parts (seeds 0-2 in one run, 3-5 in another, or some
+rows in one run and others in another) pool under one label: ``--run "copies=A/extrapolate.csv"
+--run "copies=B/extrapolate.csv"``; every label must have every ``--rows`` row, and a (row,
+seed, length) found in two runs of one label stops the script. ``--long-range`` adds the long-range
 span (``longrange.csv`` beside each ``extrapolate.csv``): the copy accuracy pooled over the
 distances d >= L, as ``longrange.md`` pools it, with the same contrasts on it.
 """
@@ -40,11 +41,12 @@ def _spec(spec: str) -> tuple[str, Path]:
 
 
 def _kept(df: pd.DataFrame, rows: list[str], seeds: list[int], label: str, path: Path):
-    """``df``'s rows among ``rows`` and ``seeds``, each named ``VARIANT [LABEL]``."""
+    """``df``'s rows among ``rows`` and ``seeds``, each named ``VARIANT [LABEL]`` (with the
+    label in column ``run``)."""
     df = df[df["variant"].isin(rows) & df["seed"].isin(seeds)].copy()
-    missing = set(rows) - set(df["variant"])
-    if missing:
-        raise SystemExit(f"--run {label}: no rows {sorted(missing)} for seeds {seeds} in {path}")
+    if df.empty:
+        raise SystemExit(f"--run {label}: none of the rows {rows} for seeds {seeds} in {path}")
+    df["run"] = label
     df["variant"] = df["variant"] + f" [{label}]"
     return df
 
@@ -73,9 +75,15 @@ def long_range(spec: str, rows: list[str], seeds: list[int]) -> pd.DataFrame:
     return _kept(pooled, rows, seeds, label, cells_path)
 
 
-def joined(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """The runs' rows in one frame; a (row, seed, length) in two runs stops the script."""
+def joined(frames: list[pd.DataFrame], rows: list[str]) -> pd.DataFrame:
+    """The runs' rows in one frame. Every label must have every row of ``rows`` (from one of
+    its runs or several), and a (row, seed, length) in two runs stops the script."""
     df = pd.concat(frames, ignore_index=True)
+    for label, group in df.groupby("run", sort=False):
+        missing = {f"{r} [{label}]" for r in rows} - set(group["variant"])
+        if missing:
+            names = sorted(m.rsplit(" [", 1)[0] for m in missing)
+            raise SystemExit(f"--run {label}: no rows {names} in its runs")
     twice = df[df.duplicated(["variant", "seed", "eval_len"], keep=False)]
     if not twice.empty:
         first = twice.iloc[0]
@@ -140,10 +148,10 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     rows = [r.strip() for r in args.rows.split(",") if r.strip()]
-    df = joined([labelled(spec, rows, seeds) for spec in args.run])
+    df = joined([labelled(spec, rows, seeds) for spec in args.run], rows)
     beyond = None
     if args.long_range:
-        beyond = joined([long_range(spec, rows, seeds) for spec in args.run])
+        beyond = joined([long_range(spec, rows, seeds) for spec in args.run], rows)
     command = "python scripts/join_tables.py " + " ".join(
         [*(f'--run "{r}"' for r in args.run), f"--seeds {args.seeds}", f"--rows {args.rows}",
          *(f'--contrast "{a}" "{b}"' for a, b in args.contrast),

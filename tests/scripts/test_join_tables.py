@@ -103,3 +103,14 @@ def test_a_seed_in_two_runs_of_one_label_stops(tmp_path):
     with pytest.raises(SystemExit, match=r"O \[x\] seed 0 at n = 64 is in two runs"):
         join_tables.main(["--run", f"x={a}", "--run", f"x={a}", "--seeds", "0,1", "--rows", "O",
                           "--out", str(tmp_path / "o.md")])  # fmt: skip
+
+
+def test_rows_of_one_label_may_come_from_different_runs(tmp_path):
+    """O from one run, E from another (a row trained later beside the committed table)."""
+    a = write_run(tmp_path / "a.csv", [r for r in run_rows(0.0) if r[0] != "E"])
+    b = write_run(tmp_path / "b.csv", [r for r in run_rows(0.0) if r[0] != "O"])
+    out = tmp_path / "joined.md"
+    join_tables.main(["--run", f"t={a}", "--run", f"t={b}", "--seeds", "0,1,2", "--rows", "O,E",
+                      "--contrast", "E [t]", "O [t]", "--out", str(out)])  # fmt: skip
+    row = next(line for line in out.read_text().splitlines() if line.startswith("| (E [t])"))
+    assert "+0.0 [" in row and "-1.0 [" in row  # E − O = 61 − (60 + n/64) at n = 64, 128
