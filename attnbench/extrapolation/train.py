@@ -13,8 +13,8 @@ random rotary positions (Ruoss et al. 2023). Each draws from its own generator s
 run's seed (:class:`TrainingBatches`), so turning one on leaves the other draws as they were (with
 random positions alone, every step's windows and masks are the default run's). A closing
 masking phase (``final_mask_prob`` for the last ``final_mask_steps`` steps) changes only the
-threshold the masks' uniform draws are compared with, so the phase's masks are a subset of the
-plain run's and every draw stays where it was.
+threshold the masks' uniform draws are compared with: every draw stays where it was, and a
+lower final rate keeps a subset of the plain run's masks.
 
 A checkpoint holds the model, the optimiser, the step, the training time so far, and every random
 state that the rest of training depends on (the sampler's generators, torch's and Python's global
