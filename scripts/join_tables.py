@@ -76,14 +76,21 @@ def long_range(spec: str, rows: list[str], seeds: list[int]) -> pd.DataFrame:
 
 
 def joined(frames: list[pd.DataFrame], rows: list[str]) -> pd.DataFrame:
-    """The runs' rows in one frame. Every label must have every row of ``rows`` (from one of
-    its runs or several), and a (row, seed, length) in two runs stops the script."""
+    """The runs' rows in one frame. Every seed of a label must have every row of ``rows`` (from
+    one of its runs or several), and a (row, seed, length) in two runs stops the script."""
     df = pd.concat(frames, ignore_index=True)
     for label, group in df.groupby("run", sort=False):
         missing = {f"{r} [{label}]" for r in rows} - set(group["variant"])
         if missing:
             names = sorted(m.rsplit(" [", 1)[0] for m in missing)
             raise SystemExit(f"--run {label}: no rows {names} in its runs")
+        for seed, cells in group.groupby("seed"):  # a run cut short must not pass for a seed
+            short = {r for r in rows if f"{r} [{label}]" not in set(cells["variant"])}
+            if short:
+                raise SystemExit(
+                    f"--run {label}: seed {int(seed)} has no rows {sorted(short)} in its runs "
+                    "(an evaluation cut short?); leave the seed out with --seeds"
+                )
     twice = df[df.duplicated(["variant", "seed", "eval_len"], keep=False)]
     if not twice.empty:
         first = twice.iloc[0]

@@ -114,3 +114,12 @@ def test_rows_of_one_label_may_come_from_different_runs(tmp_path):
                       "--contrast", "E [t]", "O [t]", "--out", str(out)])  # fmt: skip
     row = next(line for line in out.read_text().splitlines() if line.startswith("| (E [t])"))
     assert "+0.0 [" in row and "-1.0 [" in row  # E − O = 61 − (60 + n/64) at n = 64, 128
+
+
+def test_a_seed_without_every_row_stops(tmp_path):
+    """Seed 2 has O but not E (its evaluation was cut short): stop, not a table whose means
+    hold seed 2 and whose contrast leaves it out."""
+    a = write_run(tmp_path / "a.csv", [r for r in run_rows(0.0) if r[0] != "E" or r[2] != 2])
+    with pytest.raises(SystemExit, match=r"seed 2 has no rows \['E'\]"):
+        join_tables.main(["--run", f"t={a}", "--seeds", "0,1,2", "--rows", "O,E",
+                          "--out", str(tmp_path / "o.md")])  # fmt: skip
