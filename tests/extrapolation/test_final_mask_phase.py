@@ -3,7 +3,8 @@ the last ``train.final_mask_steps`` steps): off it changes nothing (not even the
 on, every batch before the phase is the plain run's and every batch in it holds the same windows
 with a subset of the masks; a run resumed inside the phase draws what an uninterrupted one
 would; the count floor counts the masks the model saw; bad values are refused naming both
-settings, on the command line with exit code 2."""
+settings (the cases are in test_training_options.py's bad-value test), on the command line with
+exit code 2."""
 
 from __future__ import annotations
 
@@ -12,14 +13,12 @@ import torch
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation import baseline, report
 from attnbench.extrapolation.config import load_preset
 from attnbench.extrapolation.plan import checkpoint_key
 from attnbench.extrapolation.train import (
     TrainConfig,
     TrainingBatches,
-    check_training_options,
     load_checkpoint,
     train,
 )
@@ -127,23 +126,6 @@ def test_off_it_leaves_the_checkpoint_key_as_it_was_and_on_it_enters_it():
                                                 "train.final_mask_steps=1200"]))  # fmt: skip
     key = checkpoint_key(phased, Variant, 0, "sha")["train"]
     assert key["final_mask_prob"] == 0.15 and key["final_mask_steps"] == 1200
-
-
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"final_mask_prob": 0.15}, r"final_mask_prob = 0\.15 with train\.final_mask_steps = 0"),
-        ({"final_mask_steps": 5}, r"final_mask_prob = 0 with train\.final_mask_steps = 5"),
-        ({"final_mask_prob": 1.0, "final_mask_steps": 5}, r"strictly between 0 and 1"),
-        ({"final_mask_prob": 0.1, "final_mask_steps": 50}, r"final_mask_steps = 50 .* 0\.\.20"),
-    ],
-)
-def test_bad_phases_are_refused_naming_the_settings(options, message):
-    cfg = TrainConfig(steps=20, **options)
-    with pytest.raises(AttnbenchError, match=message):
-        check_training_options(cfg, L)
-    with pytest.raises(AttnbenchError, match=message):
-        TrainingBatches(COUNTING, cfg, L, seed=0)
 
 
 def test_a_bad_phase_on_the_command_line_is_one_line_and_exit_2(tmp_path):

@@ -423,10 +423,15 @@ NOT_A_DIVISOR = (
         ({"window_lengths": (8, 5)}, NOT_A_DIVISOR),
         ({"window_lengths": (32,)}, r"train\.window_lengths = \[32\] is not accepted"),
         ({"random_positions": 8}, r"train\.random_positions = 8 is not accepted: .*>= 16"),
+        # the closing masking phase (tests/extrapolation/test_final_mask_phase.py)
+        ({"final_mask_prob": 0.15}, r"final_mask_prob = 0\.15 with train\.final_mask_steps = 0"),
+        ({"final_mask_steps": 5}, r"final_mask_prob = 0 with train\.final_mask_steps = 5"),
+        ({"final_mask_prob": 1.0, "final_mask_steps": 5}, r"strictly between 0 and 1"),
+        ({"final_mask_prob": 0.1, "final_mask_steps": 50}, r"final_mask_steps = 50 .* 0\.\.20"),
     ],
 )
 def test_bad_option_values_name_the_setting(options, message):
-    cfg = TrainConfig(batch=2, **options)
+    cfg = TrainConfig(batch=2, steps=20, **options)
     with pytest.raises(AttnbenchError, match=message):
         check_training_options(cfg, L)
     with pytest.raises(AttnbenchError, match=message):
