@@ -23,7 +23,8 @@ copy level once d is beyond its window, a row that extrapolates keeps copying.
 
 The training option that gives models the skill at all (``train.copy_share``, default off: the
 published experiment is unchanged) plants the same kind of copy in a share of the training
-windows at distances below L (:func:`plant_training_copies`).
+windows at distances below L (:func:`plant_training_copies`); ``train.copy_weight`` weights the
+copies' recoverable bytes in the training loss (:func:`copy_weights`).
 """
 
 from __future__ import annotations
@@ -207,19 +208,33 @@ def evaluate_long_range(
 
 def plant_training_copies(
     tokens: Tensor, share: float, length: int, gen: torch.Generator
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     """Training windows [B, L] with, in each window chosen with probability ``share``, a copy
     (:func:`plant`) at a distance drawn uniformly from MIN_COPY // 2 .. L - MIN_COPY // 2 (every
     distance below L the evaluation scores there); the rest unchanged. Unmasked tokens in,
-    unmasked tokens out (masks do not depend on the text: the caller keeps its own)."""
+    unmasked tokens out (masks do not depend on the text: the caller keeps its own), with the
+    sources [B, L] (long): for each copied byte the position it repeats, -1 elsewhere."""
     B, L = tokens.shape
+    sources = torch.full_like(tokens, -1)
     lo, hi = max(GAP + 1, MIN_COPY // 2), L - MIN_COPY // 2
     if share <= 0 or hi <= lo:
-        return tokens
+        return tokens, sources
     chosen = torch.rand(B, generator=gen) < share  # (B,)
     dist = torch.randint(lo, hi + 1, (B,), generator=gen)  # (B,)
     out = tokens.clone()
     for d in dist[chosen].unique().tolist():
         rows = torch.nonzero(chosen & (dist == d)).flatten()
-        out[rows] = plant(out[rows], d, length, gen).tokens
-    return out
+        copies = plant(out[rows], d, length, gen)
+        out[rows] = copies.tokens
+        sources[rows] = torch.where(copies.region, torch.arange(L) - d, -1)
+    return out, sources
+
+
+def copy_weights(sources: Tensor, mask: Tensor, weight: float) -> Tensor:
+    """[N] float, one per masked byte in row-major order: ``weight`` for the recoverable bytes of
+    a planted copy (masked, their source visible: what the long-range span scores), 1 for the
+    others. ``sources`` [B, L] as :func:`plant_training_copies` returns them, ``mask`` [B, L]."""
+    copied = sources >= 0
+    source_visible = ~mask.gather(1, sources.clamp(min=0))  # (B, L)
+    recoverable = mask & copied & source_visible  # (B, L)
+    return torch.where(recoverable, weight, 1.0)[mask].float()  # (N,)

@@ -167,7 +167,7 @@ def read_inputs(cfg: ExtrapConfig, opts: RunOptions) -> RunInputs:
 #: that value they are left out of the key, so a checkpoint from before still resumes.
 LATER_TRAIN_OPTIONS = {"window_lengths": (), "random_positions": 0, "copy_share": 0.0,
                        "copy_length": 64, "final_mask_prob": 0.0,
-                       "final_mask_steps": 0}  # fmt: skip
+                       "final_mask_steps": 0, "copy_weight": 1.0}  # fmt: skip
 
 
 def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus_sha: str) -> dict:

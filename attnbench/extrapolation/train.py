@@ -144,6 +144,14 @@ class TrainConfig(Checked):
     copy_length: int = setting(
         64, "bytes copied per window when copy_share > 0 (at most L - distance)", valid=at_least(1)
     )
+    copy_weight: float = setting(
+        1.0,
+        "weight, in the training loss, of the masked bytes of a planted copy whose source byte is "
+        "visible (those the long-range span scores; the loss is the weighted mean over the masked "
+        "bytes), so that copying carries more of the gradient; needs copy_share > 0; 1: every "
+        "masked byte counts the same",
+        valid=finite(above(0)),
+    )
     final_mask_prob: float = setting(
         0.0,
         "masking probability of the last final_mask_steps steps: a closing phase at another rate "
@@ -200,6 +208,12 @@ def check_training_options(
             f"{cfg.final_mask_steps} is not accepted: the closing phase needs both, a rate "
             "strictly between 0 and 1 and a number of steps >= 1; accepted: both set (e.g. "
             "final_mask_prob=0.15, final_mask_steps=1000) or both 0 (off)"
+        )
+    if cfg.copy_weight != 1 and not cfg.copy_share:
+        raise AttnbenchError(
+            f"train.copy_weight = {cfg.copy_weight:g} is not accepted without copies: it weights "
+            "the bytes of planted copies, and train.copy_share = 0 plants none; accepted: "
+            "copy_weight = 1 (off), or copy_share > 0 beside it"
         )
     if cfg.final_mask_steps > cfg.steps:
         raise AttnbenchError(
@@ -281,6 +295,7 @@ class Batch(NamedTuple):
     targets: Tensor  # (N,) the masked tokens, in row-major order
     mask: Tensor  # (W, l) bool
     positions: Tensor | None  # (W, l) long: each window's rotary positions; None: 0..l-1
+    weights: Tensor | None = None  # (N,) float: each masked token's weight in the loss; None: 1
 
 
 class TrainingBatches:
@@ -308,6 +323,7 @@ class TrainingBatches:
         if self.span:
             self.generators["positions"] = _own_generator(seed, "positions")
         self.copy_share, self.copy_length = cfg.copy_share, cfg.copy_length
+        self.copy_weight = cfg.copy_weight
         if self.copy_share:
             self.generators["copies"] = _own_generator(seed, "copies")
 
@@ -316,17 +332,26 @@ class TrainingBatches:
         mask_prob = self.cfg.mask_prob_at(self.drawn)
         self.drawn += 1
         inputs, targets, mask = self.windows.next(length, mask_prob)  # (W, l), (N,), (W, l)
+        weights = None
         if self.copy_share:
-            inputs, targets = self._with_copies(inputs, targets, mask)
-        return Batch(inputs, targets, mask, self._positions(len(inputs), length))
+            inputs, targets, weights = self._with_copies(inputs, targets, mask)
+        return Batch(inputs, targets, mask, self._positions(len(inputs), length), weights)
 
-    def _with_copies(self, inputs: Tensor, targets: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def _with_copies(
+        self, inputs: Tensor, targets: Tensor, mask: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """The windows with copies planted (:func:`longrange.plant_training_copies`) under the
-        same masks: the masks do not depend on the text, so they stay as drawn."""
+        same masks (the masks do not depend on the text, so they stay as drawn), and the masked
+        tokens' loss weights (:func:`longrange.copy_weights`; None when copy_weight is 1)."""
         tokens = inputs.masked_scatter(mask, targets)  # (W, l) the unmasked text
         gen = self.generators["copies"]
-        tokens = longrange.plant_training_copies(tokens, self.copy_share, self.copy_length, gen)
-        return tokens.masked_fill(mask, MASK_ID), tokens[mask]
+        tokens, sources = longrange.plant_training_copies(
+            tokens, self.copy_share, self.copy_length, gen
+        )
+        weights = None
+        if self.copy_weight != 1:
+            weights = longrange.copy_weights(sources, mask, self.copy_weight)  # (N,)
+        return tokens.masked_fill(mask, MASK_ID), tokens[mask], weights
 
     def _length(self) -> int:
         """This step's window length: one of ``window_lengths``, uniformly; else train_len."""
@@ -410,16 +435,25 @@ class HeldoutProbe:
 
 
 def masked_loss(
-    model: nn.Module, inputs: Tensor, targets: Tensor, mask: Tensor, positions: Tensor | None = None
+    model: nn.Module,
+    inputs: Tensor,
+    targets: Tensor,
+    mask: Tensor,
+    positions: Tensor | None = None,
+    weights: Tensor | None = None,
 ) -> Tensor:
     """Mean cross-entropy over the masked positions; only those go through the last FFN and the
     classifier (``MLMEncoder.hidden_at``). ``positions``: the windows' rotary positions [B, L]
-    (None: 0..L-1)."""
+    (None: 0..L-1). ``weights`` [N]: each masked token's weight, the loss their weighted mean
+    (None: the plain mean)."""
     if positions is None:  # a model whose mixers take no positions is called as before
         hidden = model.hidden_at(inputs, mask)  # (N, C)
     else:
         hidden = model.hidden_at(inputs, mask, positions)  # (N, C)
-    return F.cross_entropy(model.logits(hidden), targets)  # logits (N, 256)
+    logits = model.logits(hidden)  # (N, 256)
+    if weights is None:
+        return F.cross_entropy(logits, targets)
+    return (F.cross_entropy(logits, targets, reduction="none") * weights).sum() / weights.sum()
 
 
 def share_loss(
@@ -428,14 +462,15 @@ def share_loss(
     share: slice,
     device: torch.device,
     positions: Tensor | None = None,
+    weights: Tensor | None = None,
 ) -> Tensor:
     """One rank's part of the batch's :func:`masked_loss`: the summed cross-entropy of the masked
     tokens in its windows ``share``, over the masked-token count of the WHOLE batch (known to
     every rank, since every rank draws the whole batch). Summed over the ranks, these losses and
     their gradients are the whole batch's mean, whatever the split. ``positions``: the whole
-    batch's rotary positions [B, L] (None: 0..L-1)."""
+    batch's rotary positions [B, L] (None: 0..L-1). ``weights``: the whole batch's loss weights
+    [N] (None: 1 each); the sums are then weighted and over the whole batch's total weight."""
     inputs, targets, mask = batch  # (B, L), (N,), (B, L) on the CPU
-    total = targets.numel()  # N: the whole batch's masked tokens
     first = int(mask[: share.start].sum())  # targets are the masked tokens in row-major order
     count = int(mask[share].sum())
     inputs = inputs[share].to(device, non_blocking=True)  # (b, L)
@@ -446,7 +481,11 @@ def share_loss(
     else:
         hidden = model.hidden_at(inputs, mask, positions[share].to(device, non_blocking=True))
     logits = model.logits(hidden)  # (n, 256)
-    return F.cross_entropy(logits, targets, reduction="sum") / total
+    if weights is None:  # N: the whole batch's masked tokens
+        return F.cross_entropy(logits, targets, reduction="sum") / len(batch[1])
+    mine = weights[first : first + count].to(device, non_blocking=True)  # (n,)
+    summed = (F.cross_entropy(logits, targets, reduction="none") * mine).sum()
+    return summed / float(weights.sum())
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -724,7 +763,7 @@ def _train_step(
         loss = masked_loss(model, *(_to(t, device) for t in batch))
     else:  # every rank draws the whole batch: the sampler stays in step everywhere
         share = dist.share(len(batch.inputs))  # this rank's windows (W depends on the length)
-        loss = share_loss(model, batch[:3], share, device, batch.positions)
+        loss = share_loss(model, batch[:3], share, device, batch.positions, batch.weights)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if dist is not None:

@@ -164,7 +164,8 @@ def test_draws_are_seeded():
 
     first, again, other = draws(5), draws(5), draws(6)
     for a, b in zip(first, again, strict=True):
-        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+        assert all(torch.equal(x, y) for x, y in zip(a[:4], b[:4], strict=True))
+        assert a.weights is None and b.weights is None  # no copies, no weights
     assert [b.inputs.shape for b in first] != [b.inputs.shape for b in other] or not all(
         torch.equal(a.positions, b.positions) for a, b in zip(first, other, strict=True)
     )
@@ -428,6 +429,8 @@ NOT_A_DIVISOR = (
         ({"final_mask_steps": 5}, r"final_mask_prob = 0 with train\.final_mask_steps = 5"),
         ({"final_mask_prob": 1.0, "final_mask_steps": 5}, r"strictly between 0 and 1"),
         ({"final_mask_prob": 0.1, "final_mask_steps": 50}, r"final_mask_steps = 50 .* 0\.\.20"),
+        # copy weights (tests/extrapolation/test_copy_weights.py)
+        ({"copy_weight": 4.0}, r"copy_weight = 4 is not accepted without copies"),
     ],
 )
 def test_bad_option_values_name_the_setting(options, message):
@@ -438,7 +441,11 @@ def test_bad_option_values_name_the_setting(options, message):
         TrainingBatches(COUNTING, cfg, L, seed=0)
 
 
-@pytest.mark.parametrize(("field", "value"), [("window_lengths", (0,)), ("random_positions", -1)])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("window_lengths", (0,)), ("random_positions", -1), ("copy_weight", 0.0),
+     ("copy_weight", float("inf"))],
+)  # fmt: skip
 def test_negative_or_zero_values_are_refused_by_the_schema(field, value):
     with pytest.raises(AttnbenchError, match=f"{field} = .* is not accepted"):
         TrainConfig(**{field: value})
