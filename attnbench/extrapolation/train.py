@@ -148,8 +148,9 @@ class TrainConfig(Checked):
         1.0,
         "weight, in the training loss, of the masked bytes of a planted copy whose source byte is "
         "visible (those the long-range span scores; the loss is the weighted mean over the masked "
-        "bytes), so that copying carries more of the gradient; needs copy_share > 0; 1: every "
-        "masked byte counts the same",
+        "bytes, and the training curve logs it; the held-out probe's loss stays unweighted), so "
+        "that copying carries more of the gradient; needs copy_share > 0; 1: every masked byte "
+        "counts the same",
         valid=finite(above(0)),
     )
     final_mask_prob: float = setting(
