@@ -16,6 +16,9 @@ because they need different conditions:
     python scripts/preset_sweep.py cost --out results/extrapolate/preset-sweep
     python scripts/preset_sweep.py train --out results/extrapolate/preset-sweep --jobs 2
     python scripts/preset_sweep.py table --out results/extrapolate/preset-sweep
+
+``compiled`` times the chosen preset's step eager and with torch.compile (interleaved, one
+thread) and profiles the eager step: ``compiled.csv`` and ``step-profile.txt``.
 """
 
 from __future__ import annotations
@@ -148,6 +151,78 @@ def cost(args) -> None:
     print(frame.to_string(index=False))
 
 
+def compiled(args) -> None:
+    """The chosen preset's training step eager and with its mixers and FFNs under torch.compile,
+    interleaved, one thread (``compiled.csv``), and where the eager step spends its time (the
+    top operators by self CPU time, ``step-profile.txt``): is a compiled step a way to buy steps
+    at the same CPU time?"""
+    from torch.profiler import ProfilerActivity, profile
+
+    from attnbench.extrapolation.config import VARIANTS, load_preset
+    from attnbench.extrapolation.model import build_model
+    from attnbench.extrapolation.plan import RunOptions, read_inputs
+    from attnbench.extrapolation.train import TrainingBatches, make_optimizer, masked_loss
+
+    torch.set_num_threads(1)
+    cfg = load_preset("cpu")
+    stream = read_inputs(cfg, RunOptions(out=args.out, log=lambda m: None)).split.train
+
+    def stepper(compile_parts: bool):
+        torch.manual_seed(0)
+        model = build_model(cfg.model, VARIANTS["O"])
+        if compile_parts:  # fixed shapes in the mixers; the last FFN sees N masked rows
+            for block in model.blocks:
+                block.mixer = torch.compile(block.mixer, dynamic=False)
+                if block.ffn is not None:
+                    block.ffn = torch.compile(block.ffn, dynamic=True)
+        opt = make_optimizer(model, cfg.train)
+        batches = TrainingBatches(stream, cfg.train, cfg.model.train_len, seed=0)
+
+        def step() -> None:
+            loss = masked_loss(model, *batches.next())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        return step
+
+    arms = {"eager": stepper(False), "compiled": stepper(True)}
+    for step in arms.values():  # warm-up: compiles the second arm
+        for _ in range(args.steps):
+            step()
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(args.rounds):
+        for name, step in arms.items():
+            started = time.perf_counter()
+            for _ in range(args.steps):
+                step()
+            times[name].append((time.perf_counter() - started) / args.steps)
+    ref = statistics.median(times["eager"])
+    frame = pd.DataFrame(
+        [
+            {
+                "arm": name,
+                "step_ms": round(1000 * statistics.median(t), 2),
+                "step_ms_spread": round(1000 * (max(t) - min(t)), 2),
+                "ratio_to_eager": round(statistics.median(t) / ref, 3),
+                "rounds": len(t),
+                "steps_per_round": args.steps,
+            }
+            for name, t in times.items()
+        ]
+    )
+    frame.to_csv(args.out / "compiled.csv", index=False)
+    print(frame.to_string(index=False))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps * 4):
+            arms["eager"]()
+    top = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    (args.out / "step-profile.txt").write_text(
+        f"{args.steps * 4} eager training steps of the cpu preset, one thread\n{top}\n"
+    )
+    print(top)
+
+
 def _command(name: str, overrides: dict[str, str], out: Path) -> list[str]:
     cmd = [sys.executable, "-m", "attnbench", "run", "extrapolate", "--variants", "O"]
     cmd += ["--eval-time", "none", "--threads", "1", "--out", str(out / "runs" / name)]
@@ -210,7 +285,7 @@ def table(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["cost", "train", "table"])
+    parser.add_argument("what", choices=["cost", "train", "table", "compiled"])
     parser.add_argument("--out", type=Path, default=Path("runs/preset-sweep"))
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--only", nargs="*", default=[])
@@ -218,7 +293,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    {"cost": cost, "train": train, "table": table}[args.what](args)
+    {"cost": cost, "train": train, "table": table, "compiled": compiled}[args.what](args)
 
 
 if __name__ == "__main__":
