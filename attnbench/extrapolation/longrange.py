@@ -215,7 +215,7 @@ def plant_training_copies(
     unmasked tokens out (masks do not depend on the text: the caller keeps its own), with the
     sources [B, L] (long): for each copied byte the position it repeats, -1 elsewhere."""
     B, L = tokens.shape
-    sources = torch.full_like(tokens, -1)
+    sources = torch.full(tokens.shape, -1, dtype=torch.long)  # (B, L)
     lo, hi = max(GAP + 1, MIN_COPY // 2), L - MIN_COPY // 2
     if share <= 0 or hi <= lo:
         return tokens, sources

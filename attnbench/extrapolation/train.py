@@ -148,7 +148,8 @@ class TrainConfig(Checked):
         1.0,
         "weight, in the training loss, of the masked bytes of a planted copy whose source byte is "
         "visible (those the long-range span scores; the loss is the weighted mean over the masked "
-        "bytes, and the training curve logs it; the held-out probe's loss stays unweighted), so "
+        "bytes; the training curve and the final loss are this weighted loss, not comparable "
+        "with a run at 1; the held-out probe's loss stays unweighted), so "
         "that copying carries more of the gradient; needs copy_share > 0; 1: every masked byte "
         "counts the same",
         valid=finite(above(0)),
@@ -466,9 +467,10 @@ def share_loss(
     weights: Tensor | None = None,
 ) -> Tensor:
     """One rank's part of the batch's :func:`masked_loss`: the summed cross-entropy of the masked
-    tokens in its windows ``share``, over the masked-token count of the WHOLE batch (known to
-    every rank, since every rank draws the whole batch). Summed over the ranks, these losses and
-    their gradients are the whole batch's mean, whatever the split. ``positions``: the whole
+    tokens in its windows ``share``, over the masked-token count (with weights, the total weight)
+    of the WHOLE batch (known to every rank, since every rank draws the whole batch). Summed over
+    the ranks, these losses and their gradients are the whole batch's (weighted) mean, whatever
+    the split. ``positions``: the whole
     batch's rotary positions [B, L] (None: 0..L-1). ``weights``: the whole batch's loss weights
     [N] (None: 1 each); the sums are then weighted and over the whole batch's total weight."""
     inputs, targets, mask = batch  # (B, L), (N,), (B, L) on the CPU

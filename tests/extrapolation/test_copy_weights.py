@@ -4,6 +4,8 @@ option changes nothing else (the same windows, masks and copies; off, the same c
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
@@ -11,12 +13,14 @@ import torch.nn.functional as F  # noqa: N812
 from attnbench.extrapolation import longrange
 from attnbench.extrapolation.config import load_preset
 from attnbench.extrapolation.distributed import shares
+from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
 from attnbench.extrapolation.plan import checkpoint_key
 from attnbench.extrapolation.train import (
     TrainConfig,
     TrainingBatches,
     masked_loss,
     share_loss,
+    train,
 )
 from attnbench.runtime.tomlconfig import parse_settings
 from tests.extrapolation.test_training_options import tiny_model
@@ -46,9 +50,9 @@ def test_sources_point_at_the_byte_each_copied_byte_repeats():
     copied = sources >= 0
     rows = copied.any(1)
     assert 0.35 < rows.float().mean() < 0.65
-    assert torch.equal(rows, (out != tokens).any(1) | rows)  # a changed row has sources
+    assert not ((out != tokens).any(1) & ~rows).any()  # a changed row has sources
     b, i = copied.nonzero(as_tuple=True)
-    assert torch.equal(out[b, i], out[b, sources[b, i]])  # the copy repeats its source
+    assert torch.equal(out[b, i], tokens[b, sources[b, i]])  # the copy repeats its source
     distance = i - sources[b, i]
     assert int(distance.min()) >= 8 and int(distance.max()) <= L - 8
     for row in rows.nonzero().flatten().tolist():  # one distance per window
@@ -68,6 +72,8 @@ def test_the_weight_goes_to_masked_copy_bytes_whose_source_is_visible(weight):
     assert got.shape == (int(mask.sum()),)
     assert torch.equal(got.double(), want)
     assert 0 < int((got == weight).sum()) < len(got)  # both kinds present
+    copied_hidden = (sources >= 0) & mask & mask.gather(1, sources.clamp(min=0))
+    assert copied_hidden.any()  # masked copy bytes whose source is masked too: weight 1
 
 
 def test_batches_draw_the_same_with_and_without_weights():
@@ -106,13 +112,38 @@ def test_weighted_share_losses_add_up_to_the_batch_loss():
     cfg = TrainConfig(batch=6, copy_share=1.0, copy_weight=4.0, mask_prob=0.3)
     batch = TrainingBatches(STREAM, cfg, 32, seed=0).next()
     assert set(batch.weights.unique().tolist()) == {1.0, 4.0}
-    whole = masked_loss(model, *batch).item()
-    cpu = torch.device("cpu")
-    parts = sum(
-        share_loss(model, batch[:3], s, cpu, batch.positions, batch.weights).item()
-        for s in shares(6, 4)
-    )
-    assert parts == pytest.approx(whole, abs=1e-6)
+    whole = masked_loss(model, *batch)
+    whole.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    parts = 0.0
+    for share in shares(6, 4):
+        loss = share_loss(model, batch[:3], share, torch.device("cpu"), batch.positions,
+                          batch.weights)  # fmt: skip
+        loss.backward()  # gradients accumulate: the all-reduce's sum
+        parts += loss.item()
+    assert parts == pytest.approx(whole.item(), abs=1e-6)
+    for want, p in zip(expected, model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, want, atol=1e-6, rtol=0)
+
+
+def test_a_training_step_takes_the_weighted_loss(tmp_path):
+    """The loss train() logs for its first step is the weighted loss of the untrained model on
+    the first batch, not the plain mean."""
+    torch.manual_seed(3)
+    model = build_model(ModelConfig(d_model=16, layers=1, heads=2, train_len=32),
+                        MixerSpec("softmax"))  # fmt: skip
+    before = copy.deepcopy(model)
+    cfg = TrainConfig(batch=8, steps=1, warmup=0, copy_share=1.0, copy_weight=4.0, mask_prob=0.3)
+    logged = []
+    train(model, STREAM, cfg, train_len=32, seed=3, path=tmp_path / "c.pt", key={},
+          ckpt_every=0, log_every=1, on_log=lambda p: logged.append(p.loss))  # fmt: skip
+    batch = TrainingBatches(STREAM, cfg, 32, seed=3).next()
+    with torch.no_grad():
+        weighted = masked_loss(before, *batch).item()
+        plain = masked_loss(before, *batch[:4]).item()
+    assert logged[0] == pytest.approx(weighted, rel=1e-5)
+    assert weighted != pytest.approx(plain, rel=1e-4)
 
 
 def test_off_it_leaves_the_checkpoint_key_as_it_was_and_on_it_enters_it():
