@@ -12,18 +12,16 @@ import torch.nn.functional as F  # noqa: N812
 
 from attnbench.extrapolation import longrange
 from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.distributed import shares
 from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
-from attnbench.extrapolation.plan import checkpoint_key
 from attnbench.extrapolation.train import (
     TrainConfig,
     TrainingBatches,
     masked_loss,
-    share_loss,
     train,
 )
 from attnbench.runtime.tomlconfig import parse_settings
 from tests.extrapolation.test_training_options import tiny_model
+from tests.helpers.extrapolation import assert_shares_add_up, train_key
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -112,19 +110,7 @@ def test_weighted_share_losses_add_up_to_the_batch_loss():
     cfg = TrainConfig(batch=6, copy_share=1.0, copy_weight=4.0, mask_prob=0.3)
     batch = TrainingBatches(STREAM, cfg, 32, seed=0).next()
     assert set(batch.weights.unique().tolist()) == {1.0, 4.0}
-    whole = masked_loss(model, *batch)
-    whole.backward()
-    expected = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    parts = 0.0
-    for share in shares(6, 4):
-        loss = share_loss(model, batch[:3], share, torch.device("cpu"), batch.positions,
-                          batch.weights)  # fmt: skip
-        loss.backward()  # gradients accumulate: the all-reduce's sum
-        parts += loss.item()
-    assert parts == pytest.approx(whole.item(), abs=1e-6)
-    for want, p in zip(expected, model.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, want, atol=1e-6, rtol=0)
+    assert_shares_add_up(model, batch[:3], 6, 4, batch.positions, batch.weights)
 
 
 def test_a_training_step_takes_the_weighted_loss(tmp_path):
@@ -147,13 +133,7 @@ def test_a_training_step_takes_the_weighted_loss(tmp_path):
 
 
 def test_off_it_leaves_the_checkpoint_key_as_it_was_and_on_it_enters_it():
-    class Variant:  # checkpoint_key reads the variant's spec only
-        class spec:  # noqa: N801
-            @staticmethod
-            def plain():
-                return {"mechanism": "softmax"}
-
     copies = load_preset("cpu", parse_settings(["train.copy_share=1.0"]))
-    assert "copy_weight" not in checkpoint_key(copies, Variant, 0, "sha")["train"]
+    assert "copy_weight" not in train_key(copies)
     weighted = load_preset("cpu", parse_settings(["train.copy_share=1.0", "train.copy_weight=4"]))
-    assert checkpoint_key(weighted, Variant, 0, "sha")["train"]["copy_weight"] == 4.0
+    assert train_key(weighted)["copy_weight"] == 4.0

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.extrapolation import baseline, report
 from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.plan import checkpoint_key
 from attnbench.extrapolation.train import (
     TrainConfig,
     TrainingBatches,
@@ -30,6 +29,7 @@ from tests.extrapolation.test_training_options import (
     tiny_model,
     whole_windows,
 )
+from tests.helpers.extrapolation import train_key
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -114,17 +114,11 @@ def test_the_count_floor_counts_the_masks_the_model_saw():
 
 
 def test_off_it_leaves_the_checkpoint_key_as_it_was_and_on_it_enters_it():
-    class Variant:  # checkpoint_key reads the variant's spec only
-        class spec:  # noqa: N801
-            @staticmethod
-            def plain():
-                return {"mechanism": "softmax"}
-
-    plain = checkpoint_key(load_preset("cpu"), Variant, 0, "sha")
-    assert not {"final_mask_prob", "final_mask_steps"} & set(plain["train"])
+    plain = train_key(load_preset("cpu"))
+    assert not {"final_mask_prob", "final_mask_steps"} & set(plain)
     phased = load_preset("cpu", parse_settings(["train.final_mask_prob=0.15",
                                                 "train.final_mask_steps=1200"]))  # fmt: skip
-    key = checkpoint_key(phased, Variant, 0, "sha")["train"]
+    key = train_key(phased)
     assert key["final_mask_prob"] == 0.15 and key["final_mask_steps"] == 1200
 
 

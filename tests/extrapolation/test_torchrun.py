@@ -16,8 +16,8 @@ from attnbench.extrapolation.config import load_preset
 from attnbench.extrapolation.distributed import shares
 from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
 from attnbench.extrapolation.run import run_extrapolate
-from attnbench.extrapolation.train import BatchSampler, masked_loss, share_loss
-from tests.helpers.extrapolation import TINY, make_corpus, run_options
+from attnbench.extrapolation.train import BatchSampler
+from tests.helpers.extrapolation import TINY, assert_shares_add_up, make_corpus, run_options
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -101,18 +101,7 @@ def test_share_losses_add_up_to_the_batch_loss():
     model = build_model(config, MixerSpec("softmax"))
     stream = torch.randint(0, 250, (4000,), dtype=torch.uint8)
     batch = BatchSampler(stream, 16, 7, 0.15, seed=3).next()
-    whole = masked_loss(model, *batch)
-    whole.backward()
-    expected = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    parts = 0.0
-    for share in shares(7, 2):
-        loss = share_loss(model, batch, share, torch.device("cpu"))
-        loss.backward()  # gradients accumulate: the all-reduce's sum
-        parts += loss.item()
-    assert parts == pytest.approx(whole.item(), abs=1e-6)
-    for want, p in zip(expected, model.parameters(), strict=True):
-        torch.testing.assert_close(p.grad, want, atol=1e-6, rtol=0)
+    assert_shares_add_up(model, batch, 7, 2)
 
 
 def test_torchrun_training_equals_one_process(tmp_path):

@@ -73,3 +73,40 @@ def evaluate_rows_on_tiny_o(tmp_path, rows: str, **settings):
     sidecar = json.loads((tmp_path / "out" / "extrapolate.json").read_text())
     tricks = {v["label"]: v["tricks"] for v in sidecar["variants"] if v["kind"] == "eval-time"}
     return status, tricks, sidecar
+
+
+def train_key(cfg) -> dict:
+    """The ``train`` part of a softmax variant's checkpoint key under ``cfg`` (seed 0)."""
+    from attnbench.extrapolation.plan import checkpoint_key
+
+    class Variant:  # checkpoint_key reads the variant's spec only
+        class spec:  # noqa: N801
+            @staticmethod
+            def plain():
+                return {"mechanism": "softmax"}
+
+    return checkpoint_key(cfg, Variant, 0, "sha")["train"]
+
+
+def assert_shares_add_up(model, batch, windows: int, ranks: int, positions=None, weights=None):
+    """The ranks' ``share_loss`` of ``batch`` (inputs, targets, mask) split over ``ranks``, and
+    their gradients accumulated (the all-reduce's sum), equal the whole batch's ``masked_loss``
+    and its gradient."""
+    import pytest
+    import torch
+
+    from attnbench.extrapolation.distributed import shares
+    from attnbench.extrapolation.train import masked_loss, share_loss
+
+    whole = masked_loss(model, *batch, positions, weights)
+    whole.backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    parts = 0.0
+    for share in shares(windows, ranks):
+        loss = share_loss(model, batch, share, torch.device("cpu"), positions, weights)
+        loss.backward()  # gradients accumulate: the all-reduce's sum
+        parts += loss.item()
+    assert parts == pytest.approx(whole.item(), abs=1e-6)
+    for want, p in zip(expected, model.parameters(), strict=True):
+        torch.testing.assert_close(p.grad, want, atol=1e-6, rtol=0)
