@@ -90,6 +90,8 @@ CANDIDATES: dict[str, dict[str, str]] = {
         "train.final_mask_steps": "1200",
     },
     "ffn2-9600-minlr0": {**H8_MASK40_B32_FFN2, "train.min_lr_ratio": "0"},
+    # The FFN gated (SwiGLU at 2/3 of the width, about the same parameters and step).
+    "ffn2-9600-swiglu": {**H8_MASK40_B32_FFN2, "model.ffn": "swiglu"},
 }
 
 

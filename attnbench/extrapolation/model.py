@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -51,6 +51,11 @@ class ModelConfig(Checked):
     layers: int = setting(2, "blocks", valid=at_least(1))
     heads: int = setting(2, "attention heads; head dim = d_model / heads", valid=at_least(1))
     ffn_mult: int = setting(4, "FFN hidden width = ffn_mult * d_model (GELU)", valid=at_least(1))
+    ffn: Literal["gelu", "swiglu"] = setting(
+        "gelu",
+        "the FFN: gelu (up, GELU, down) or swiglu (Shazeer 2020: down(silu(gate x) * up x), "
+        "hidden width 2/3 of gelu's rounded up to a multiple of 8, about the same parameters)",
+    )
     train_len: int = setting(
         64,
         "L: the length the model is trained at (the longest one, with train.window_lengths)",
@@ -133,6 +138,35 @@ class FeedForward(nn.Module):
         return self.down(torch.nn.functional.gelu(self.up(x)))  # (B, T, C)
 
 
+def swiglu_width(hidden: int) -> int:
+    """The SwiGLU hidden width with about the parameters of a GELU FFN of width ``hidden``:
+    three matrices instead of two, so 2/3 of it, rounded up to a multiple of 8."""
+    return -(-2 * hidden // 24) * 8
+
+
+class SwiGLU(nn.Module):
+    """The gated FFN of Shazeer 2020, "GLU Variants Improve Transformer"
+    (https://arxiv.org/abs/2002.05202): ``down(silu(gate(x)) * up(x))``, without biases as in
+    the paper."""
+
+    def __init__(self, d_model: int, hidden: int):
+        super().__init__()
+        self.gate = nn.Linear(d_model, hidden, bias=False)
+        self.up = nn.Linear(d_model, hidden, bias=False)
+        self.down = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))  # (B, T, C)
+
+
+def make_ffn(cfg: ModelConfig) -> nn.Module:
+    """The block's FFN as ``cfg.ffn`` says (hidden ``ffn_mult * d_model`` for GELU)."""
+    hidden = cfg.ffn_mult * cfg.d_model
+    if cfg.ffn == "swiglu":
+        return SwiGLU(cfg.d_model, swiglu_width(hidden))
+    return FeedForward(cfg.d_model, hidden)
+
+
 class Block(nn.Module):
     """Pre-norm block: x + mixer(norm(x)), then x + ffn(norm(x)) unless the mixer is whole."""
 
@@ -141,7 +175,7 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.mixer = mixer
         self.norm2 = nn.LayerNorm(cfg.d_model) if with_ffn else None
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_mult * cfg.d_model) if with_ffn else None
+        self.ffn = make_ffn(cfg) if with_ffn else None
 
     def mix(self, x: Tensor, positions: Tensor | None) -> Tensor:
         """The mixer on norm1(x) [B, T, C]; ``positions`` passed on only when given, so a mixer

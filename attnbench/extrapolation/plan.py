@@ -168,6 +168,8 @@ def read_inputs(cfg: ExtrapConfig, opts: RunOptions) -> RunInputs:
 LATER_TRAIN_OPTIONS = {"window_lengths": (), "random_positions": 0, "copy_share": 0.0,
                        "copy_length": 64, "final_mask_prob": 0.0,
                        "final_mask_steps": 0, "copy_weight": 1.0}  # fmt: skip
+#: The same for the model's shape.
+LATER_MODEL_OPTIONS = {"ffn": "gelu"}
 
 
 def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus_sha: str) -> dict:
@@ -177,8 +179,12 @@ def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus
     for name, old in LATER_TRAIN_OPTIONS.items():
         if train[name] == old or (name == "copy_length" and off):
             del train[name]
+    model = asdict(cfg.model)
+    for name, old in LATER_MODEL_OPTIONS.items():
+        if model[name] == old:
+            del model[name]
     return {
-        "model": asdict(cfg.model),
+        "model": model,
         "train": train,
         "mixer": variant.spec.plain(),
         "seed": seed,
