@@ -1,7 +1,7 @@
 """Read rows of several extrapolation runs side by side: one table, paired contrasts across runs.
 
     python scripts/join_tables.py \\
-        --run "L=64=results/extrapolate/cpu/extrapolate.csv" \\
+        --run "L=64=results/extrapolate/cpu-before-swiglu/extrapolate.csv" \\
         --run "16,32,64=results/extrapolate/cpu-varying-lengths/extrapolate.csv" \\
         --seeds 0,1,2 --rows O,E,O+logn \\
         --contrast "O [16,32,64]" "O [L=64]" --contrast "E [16,32,64]" "E [L=64]" \\

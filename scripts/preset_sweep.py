@@ -35,8 +35,10 @@ import pandas as pd
 import torch
 
 #: The `cpu` preset as it was when the sweep ran (until 2026-11-25; the sweep chose today's):
-#: every candidate starts from it, so that the commands stay what they were.
+#: every candidate starts from it, so that the commands stay what they were (the GELU FFN of
+#: every candidate but the SwiGLU one, the preset's FFN since 2026-11-28).
 PRESET_AS_IT_WAS: dict[str, str] = {
+    "model.ffn": "gelu",
     "model.heads": "2",
     "model.ffn_mult": "4",
     "train.batch": "64",

@@ -30,6 +30,7 @@ from attnbench.extrapolation.tricks import TRICKS
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = (
     "results/extrapolate/cpu",
+    "results/extrapolate/cpu-before-swiglu",
     "results/extrapolate/cpu-before-preset",
     "results/extrapolate/cpu-families",
 )

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The committed tables ``attnbench report`` joins with this suite (results/report/).
 COMMITTED = (
     "results/extrapolate/cpu",
+    "results/extrapolate/cpu-before-swiglu",
     "results/extrapolate/cpu-before-preset",
     "results/extrapolate/cpu-families",
 )

@@ -535,6 +535,7 @@ def test_presets_load_from_the_one_shipped_folder():
         2,
         64,
     )
+    assert (model.ffn, paper.model.ffn) == ("swiglu", "gelu")
     assert (train.batch, train.steps, train.lr, train.mask_prob) == (32, 9600, 1e-3, 0.4)
     assert cpu.eval_mask_prob == 0.15  # Su 2021's rate at evaluation, whatever the training's
     assert (paper.model.d_model, paper.model.layers, paper.model.heads) == (384, 6, 6)

@@ -96,11 +96,11 @@ def model_key(cfg) -> dict:
     return checkpoint_key(cfg, Variant, 0, "sha")["model"]
 
 
-def test_the_default_leaves_the_checkpoint_key_as_it_was_and_swiglu_enters_it():
-    assert "ffn" not in model_key(load_preset("cpu"))
-    gated = load_preset("cpu", parse_settings(["model.ffn=swiglu"]))
-    assert model_key(gated)["ffn"] == "swiglu"
-    assert ModelConfig(**model_key(load_preset("cpu"))).ffn == "gelu"  # old keys load
+def test_gelu_leaves_the_checkpoint_key_as_it_was_and_swiglu_enters_it():
+    gelu = load_preset("cpu", parse_settings(["model.ffn=gelu"]))
+    assert "ffn" not in model_key(gelu) and "ffn" not in model_key(load_preset("paper"))
+    assert ModelConfig(**model_key(gelu)).ffn == "gelu"  # keys from before the option load
+    assert model_key(load_preset("cpu"))["ffn"] == "swiglu"  # the cpu preset's since 2026-11-28
 
 
 def test_a_bad_ffn_on_the_command_line_is_one_line_and_exit_2(tmp_path):
