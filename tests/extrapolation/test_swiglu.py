@@ -19,8 +19,8 @@ from attnbench.extrapolation.model import (
     build_model,
     swiglu_width,
 )
-from attnbench.extrapolation.plan import checkpoint_key
 from attnbench.runtime.tomlconfig import parse_settings
+from tests.helpers.extrapolation import softmax_key
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -87,13 +87,7 @@ def test_the_model_builds_with_it_and_the_masked_rows_path_agrees(ffn):
 
 
 def model_key(cfg) -> dict:
-    class Variant:  # checkpoint_key reads the variant's spec only
-        class spec:  # noqa: N801
-            @staticmethod
-            def plain():
-                return {"mechanism": "softmax"}
-
-    return checkpoint_key(cfg, Variant, 0, "sha")["model"]
+    return softmax_key(cfg)["model"]
 
 
 def test_gelu_leaves_the_checkpoint_key_as_it_was_and_swiglu_enters_it():

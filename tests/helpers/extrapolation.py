@@ -75,8 +75,8 @@ def evaluate_rows_on_tiny_o(tmp_path, rows: str, **settings):
     return status, tricks, sidecar
 
 
-def train_key(cfg) -> dict:
-    """The ``train`` part of a softmax variant's checkpoint key under ``cfg`` (seed 0)."""
+def softmax_key(cfg) -> dict:
+    """A softmax variant's checkpoint key under ``cfg`` (seed 0)."""
     from attnbench.extrapolation.plan import checkpoint_key
 
     class Variant:  # checkpoint_key reads the variant's spec only
@@ -85,7 +85,12 @@ def train_key(cfg) -> dict:
             def plain():
                 return {"mechanism": "softmax"}
 
-    return checkpoint_key(cfg, Variant, 0, "sha")["train"]
+    return checkpoint_key(cfg, Variant, 0, "sha")
+
+
+def train_key(cfg) -> dict:
+    """The ``train`` part of a softmax variant's checkpoint key under ``cfg`` (seed 0)."""
+    return softmax_key(cfg)["train"]
 
 
 def assert_shares_add_up(model, batch, windows: int, ranks: int, positions=None, weights=None):
