@@ -116,7 +116,7 @@ def train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dis
         if not opts.train_only:
             opts.log(f"{v.label} seed {seed}: trained ({ckpt['step']} steps), loading {path}")
         if dist is None or dist.is_main:
-            _curve_from_history(cfg, v, seed, path, ckpt)
+            _curve_from_history(cfg, v, seed, path, ckpt, opts)
     else:
         if opts.eval_only:  # Plan rules this out; kept as a guard
             raise AttnbenchError(f"{path} is not finished")
@@ -144,18 +144,31 @@ def train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dis
     return ckpt, info
 
 
-def _curve_from_history(cfg, v, seed, path, ckpt) -> None:
+def _curve_from_history(cfg, v, seed, path, ckpt, opts: RunOptions) -> None:
     """A finished checkpoint whose curve file is missing (trained before the curves existed, or
-    the file was removed) gets it back from its history."""
-    target = curves.curve_path(path)
+    the file was removed) gets it back from its history (:func:`curve_file` says where)."""
+    if curves.curve_path(path).exists():
+        return
+    target = curve_file(path, opts)
     if not target.exists():
         points = curves.history_points(ckpt.get("history", []), cfg.train)
         curves.write_curve(target, v.label, seed, points)
 
 
+def curve_file(checkpoint: Path, opts: RunOptions) -> Path:
+    """A training's curve file: beside its checkpoint (:func:`curves.curve_path`), except when
+    --eval-only finds none there. An evaluation writes nothing into the checkpoint folder (it
+    may be a committed weights folder, or another run's), so the curve it recovers from the
+    checkpoint's history goes to ``<out>/curves/``."""
+    beside = curves.curve_path(checkpoint)
+    if beside.exists() or not opts.eval_only:
+        return beside
+    return opts.out / curves.CURVES_DIR / beside.name
+
+
 def gather_curves(plan: Plan, opts: RunOptions) -> Path | None:
     """Every training's curve file so far, in one tidy ``<out>/curves.csv``."""
-    files = [curves.curve_path(path) for _, _, path, _, _ in plan.entries]
+    files = [curve_file(path, opts) for _, _, path, _, _ in plan.entries]
     return curves.combine(files, opts.out / curves.COMBINED_NAME)
 
 

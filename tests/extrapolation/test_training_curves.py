@@ -108,11 +108,21 @@ def test_ctrl_c_then_resume(corpus, tmp_path):
     assert read_curve(curve_file(tmp_path))["step"].tolist() == STEPS
 
 
-def test_a_finished_checkpoint_gets_its_curve_back_from_history(full, corpus):
+def test_a_finished_checkpoint_gets_its_curve_back_from_history(full, corpus, tmp_path):
+    """--resume (a run that may train) writes the lost curve back beside the checkpoint;
+    --eval-only writes nothing into the checkpoint folder: the curve goes to <out>/curves/."""
     before = read_curve(curve_file(full))
     curve_file(full).unlink()
+    evaluation = tmp_path / "eval"
+    evaluation.mkdir()
+    opts = run_options(evaluation, eval_only=True, checkpoints=full / "checkpoints")
+    run_extrapolate(tiny_cfg(corpus), opts)
+    assert not curve_file(full).exists()
+    pd.testing.assert_frame_equal(read_curve(evaluation / "curves" / "E-seed0.csv"), before)
+    combined = pd.read_csv(evaluation / curves.COMBINED_NAME)
+    assert combined["step"].tolist() == STEPS
     (full / curves.COMBINED_NAME).unlink()
-    run_extrapolate(tiny_cfg(corpus), run_options(full, eval_only=True))
+    run_extrapolate(tiny_cfg(corpus), run_options(full, resume=True))
     pd.testing.assert_frame_equal(read_curve(curve_file(full)), before)
     assert (full / curves.COMBINED_NAME).is_file()
 
