@@ -147,8 +147,6 @@ def train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dis
 def _curve_from_history(cfg, v, seed, path, ckpt, opts: RunOptions) -> None:
     """A finished checkpoint whose curve file is missing (trained before the curves existed, or
     the file was removed) gets it back from its history (:func:`curve_file` says where)."""
-    if curves.curve_path(path).exists():
-        return
     target = curve_file(path, opts)
     if not target.exists():
         points = curves.history_points(ckpt.get("history", []), cfg.train)
