@@ -36,7 +36,6 @@ current side runs the package found at :func:`checkout`, the base side a worktre
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from pathlib import Path
 from attnbench.bench.compare import Comparison, compare, markdown
 from attnbench.bench.thresholds import EXIT_NOTHING, EXIT_OK, EXIT_REGRESSION, EXIT_USAGE
 from attnbench.core.errors import AttnbenchError
+from attnbench.measure.cpu_class import cpu_class
 from attnbench.measure.machine import cpu_signature
 from attnbench.runtime import logs
 from attnbench.runtime.outputs import ensure_dir, write_text
@@ -84,16 +84,8 @@ def checkout() -> Path:
 
 def machine_slug(signature: str | None = None) -> str:
     """``authenticamd-25-1-avx2``: the part of the CPU signature that decides relative times
-    (vendor, family and model, the instruction sets torch dispatches on); no stepping, no torch
-    version (a baseline also records the torch version, and ``compare`` checks it)."""
-    signature = signature or cpu_signature()
-    cpu = signature.split(";")[0].strip()
-    parts = cpu.split()
-    vendor = parts[0] if parts else "unknown"
-    ident = parts[1].split("/")[:2] if len(parts) > 1 else []
-    isa = parts[2].replace(",", "-") if len(parts) > 2 else ""
-    slug = "-".join([vendor, *ident, isa] if isa and isa != "-" else [vendor, *ident])
-    return re.sub(r"[^a-z0-9_.-]+", "-", slug.lower()).strip("-")
+    (vendor, family and model, the instruction sets torch dispatches on; :func:`cpu_class`)."""
+    return cpu_class(signature or cpu_signature())
 
 
 def git(root: Path, *args: str) -> subprocess.CompletedProcess:
