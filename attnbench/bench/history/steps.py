@@ -11,16 +11,17 @@ over at least 2 commits), found by **PELT**: R. Killick, P. Fearnhead and I. A. 
 detection of changepoints with a linear computational cost", Journal of the American Statistical
 Association 107(500):1590-1598, 2012, https://doi.org/10.1080/01621459.2012.737745: optimal
 partitioning (B. Jackson et al., "An algorithm for optimal partitioning of data on an interval",
-IEEE Signal Processing Letters 12(2):105-108, 2005) with their pruning rule, a start whose cost
-is already above the best one's is never optimal again (with the minimum length: from
-``MIN_PERSIST`` commits later on). The series of one batch are fitted together, one numpy
-operation per commit for all of them. ``sigma`` is the noise of one commit's value, estimated
-robustly from the first differences (1.4826 x their median absolute deviation / sqrt 2, so that
-steps and a slow drift hardly move it), at least :data:`SIGMA_FLOOR`; ``beta`` = 3 ln n, the
-modified BIC of N. R. Zhang and D. O. Siegmund, "A modified Bayes information criterion with
-applications to the analysis of comparative genomic hybridization data", Biometrics 63(1):22-32,
-2007, https://doi.org/10.1111/j.1541-0420.2006.00662.x (less its segment-length term), the
-default penalty of Killick's R package ``changepoint``.
+IEEE Signal Processing Letters 12(2):105-108, 2005, https://arxiv.org/abs/math/0309285) with
+their pruning rule, a start whose cost is already above the best one's is never optimal again
+(with the minimum length: from ``MIN_PERSIST`` commits later on). The series of one batch are
+fitted together, one numpy operation per commit for all of them. ``sigma`` is the noise of one
+commit's value, estimated robustly from the first differences (1.4826 x their median absolute
+deviation / sqrt 2, so that steps and a slow drift hardly move it), at least
+:data:`SIGMA_FLOOR`; ``beta`` = 3 ln n, the modified BIC of N. R. Zhang and D. O. Siegmund, "A
+modified Bayes information criterion with applications to the analysis of comparative genomic
+hybridization data", Biometrics 63(1):22-32, 2007,
+https://doi.org/10.1111/j.1541-0420.2006.00662.x (less its segment-length term), the default
+penalty of Killick's R package ``changepoint``.
 
 The segmentation is then read as changes (:func:`changes_of`):
 
