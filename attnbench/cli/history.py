@@ -83,7 +83,7 @@ def add_cmd(
 
     Example: [bold]attnbench history add runs/ci-speed --history runs/history[/bold]
     """
-    from attnbench.bench.history.store import History
+    from attnbench.bench.history.store import History, runs_text
 
     if commit is not None and len(results) > 1:
         raise AttnbenchError("--commit names the commit of one run; give one results folder")
@@ -95,7 +95,7 @@ def add_cmd(
                 typer.echo(f"{path}: already in the history (commit {added.commit[:10]})")
             else:
                 typer.echo(f"{path}: added, commit {added.commit[:10]}, {added.rows} rows ({envs})")
-        typer.echo(f"history {history}: {store.runs()} runs")
+        typer.echo(f"history {history}: {runs_text(store.runs())}")
 
 
 def steps_cmd(
@@ -163,6 +163,10 @@ def report_cmd(
     history: HistoryDir = DEFAULT_HISTORY,
     threshold: Threshold = 1.1,
     metric: MetricOption = Metric.auto,
+    last: Annotated[
+        int | None,
+        typer.Option(help="Plot only the last N commits of each environment (default: all)."),
+    ] = None,
 ) -> None:
     """Write the results history as one static HTML page: a plot per case family, steps marked.
 
@@ -176,7 +180,7 @@ def report_cmd(
     """
     from attnbench.bench.history.report import write_report
 
-    written = write_report(history, out_dir, metric.value, threshold)
+    written = write_report(history, out_dir, metric.value, threshold, last)
     typer.echo(
         f"wrote {written.path}: {written.plots} plots, {written.series} series, "
         f"{written.changes} steps and drifts beyond x{threshold:g}"

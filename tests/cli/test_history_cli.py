@@ -50,6 +50,13 @@ def test_add_steps_and_report(runs, tmp_path):
         f"wrote {tmp_path / 'page' / 'index.html'}: 2 plots, 5 series, 2 steps and drifts "
         "beyond x1.1"
     )
+    html = (tmp_path / "page" / "index.html").read_text()
+    assert html.count('<circle class="point"') == 100 and html.count('<g class="step">') == 2
+    # --last 8: commits 12..19 plotted, the step at commit 10 only in the table
+    invoke("history", "report", "--history", history, "--out", str(tmp_path / "p8"), "--last", "8")
+    html = (tmp_path / "p8" / "index.html").read_text()
+    assert html.count('<circle class="point"') == 40 and html.count('<g class="step">') == 0
+    assert "the last 8 of 20 commits" in html and html.count("step, slower") == 2
 
 
 def test_the_history_folder_from_the_environment(runs, tmp_path, monkeypatch):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from attnbench.bench.history.store import History
+from attnbench.bench.history.store import History, runs_text
 from attnbench.core.errors import AttnbenchError
 
 Say = Callable[[str], None]
@@ -37,5 +37,6 @@ def feed(history: Path, folders: list[Path], say: Say, warn: Say) -> int:
                 warn(f"warning: not added to the results history: {e}")
                 continue
             added += not done.already
-        say(f"results history {history}: {added} runs of this gate added ({store.runs()} in all)")
+        total = runs_text(store.runs())
+        say(f"results history {history}: {runs_text(added)} of this gate added ({total} in all)")
     return added

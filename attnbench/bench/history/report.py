@@ -11,6 +11,7 @@ how many points and step marks the browser laid out (``data-drawn-points``,
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import hashlib
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from attnbench.bench.history.analysis import Fitted, analyse, change_records, describe
 from attnbench.bench.history.steps import THRESHOLD
-from attnbench.bench.history.store import Env, History
+from attnbench.bench.history.store import Env, History, runs_text
 from attnbench.bench.history.svg import PALETTE, STEP_COLOUR, plot_svg
 from attnbench.core.errors import AttnbenchError
 from attnbench.runtime.outputs import ensure_dir, write_text
@@ -132,8 +133,29 @@ def _figure(family: Family, commits: list[str], started: dict[str, str]) -> str:
     )
 
 
-def page(history: History, fitted: Sequence[Fitted], threshold: float) -> str:
-    """The whole page as one HTML string."""
+def _window(fitted: Fitted, shown: set[str]) -> Fitted | None:
+    """``fitted`` cut to its commits in ``shown`` (a suffix of its environment's commits), the
+    changes between two shown commits kept; None when none is shown."""
+    s = fitted.series
+    cut = next((i for i, c in enumerate(s.commits) if c in shown), len(s.commits))
+    if cut == len(s.commits):
+        return None
+    series = dataclasses.replace(
+        s, commits=s.commits[cut:], values=s.values[cut:], runs=s.runs[cut:]
+    )
+    changes = tuple(
+        dataclasses.replace(c, before=c.before - cut, after=c.after - cut)
+        for c in fitted.fit.changes
+        if c.before >= cut
+    )
+    return Fitted(series, dataclasses.replace(fitted.fit, changes=changes))
+
+
+def page(
+    history: History, fitted: Sequence[Fitted], threshold: float, last: int | None = None
+) -> str:
+    """The whole page as one HTML string (``last``: plot only the last commits of each
+    environment; the table lists every change)."""
     plots = families(fitted)
     anchors = {
         f.series.label + p.env.machine_class + p.env.versions + p.env.suite: p.anchor
@@ -145,16 +167,21 @@ def page(history: History, fitted: Sequence[Fitted], threshold: float) -> str:
     for plot in plots:
         if plot.env != env:
             env = plot.env
-            timeline[env] = history.commits(env)
+            every = history.commits(env)
+            timeline[env] = every[-last:] if last else every
+            shown = f"the last {len(timeline[env])} of " if len(timeline[env]) < len(every) else ""
             body.append(
                 f"<h2>{escape(env.machine_class)}</h2><p>{escape(env.versions)}; "
-                f"suite {escape(env.suite)}; {len(timeline[env])} commits</p>"
+                f"suite {escape(env.suite)}; {shown}{len(every)} commits</p>"
             )
         commits = [c for c, _ in timeline[env]]
-        body.append(_figure(plot, commits, dict(timeline[env])))
+        kept = [w for f in plot.fitted if (w := _window(f, set(commits))) is not None]
+        if kept:
+            windowed = dataclasses.replace(plot, fitted=tuple(kept))
+            body.append(_figure(windowed, commits, dict(timeline[env])))
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     intro = (
-        f"<p>{history.runs()} runs in <code>{escape(str(history.folder))}</code>, "
+        f"<p>{runs_text(history.runs())} in <code>{escape(str(history.folder))}</code>, "
         f"{len(fitted)} series, {len(plots)} plots; steps and drifts beyond "
         f"x{threshold:g} (made {now}). Hover a point for its commit.</p>"
     )
@@ -176,14 +203,21 @@ class Written:
 
 
 def write_report(
-    folder: Path, out: Path, metric: str = "auto", threshold: float = THRESHOLD
+    folder: Path,
+    out: Path,
+    metric: str = "auto",
+    threshold: float = THRESHOLD,
+    last: int | None = None,
 ) -> Written:
-    """Write the page of the history in ``folder`` to ``out``/index.html."""
+    """Write the page of the history in ``folder`` to ``out``/index.html (``last``: plot the
+    last commits of each environment only)."""
+    if last is not None and last < 2:
+        raise AttnbenchError(f"--last {last}: accepted: a number of commits >= 2")
     with History(folder) as history:
         fitted = analyse(history, metric, threshold)
         if not fitted:
             raise AttnbenchError(f"{folder}: the history has no measured case to plot")
-        html = page(history, fitted, threshold)
+        html = page(history, fitted, threshold, last)
     ensure_dir(out, "--out folder")
     path = out / PAGE_NAME
     write_text(path, html)

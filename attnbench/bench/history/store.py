@@ -175,6 +175,11 @@ def results_csv(path: Path) -> Path:
     return path
 
 
+def runs_text(count: int) -> str:
+    """``1 run``, ``3 runs``."""
+    return f"{count} run{'s' * (count != 1)}"
+
+
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
