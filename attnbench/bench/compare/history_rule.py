@@ -3,16 +3,17 @@ test) is judged against its own results history (:mod:`attnbench.bench.history`)
 one.
 
 The baseline is the case's history in the current run's environment (machine class, library
-versions, suite): its value at each of the last :data:`WINDOW` commits before the current run's
-commit (each the median of that commit's runs), at least :data:`MIN_COMMITS` of them. The change
-is the current value over their median; the noise is their spread, 1.4826 x the median absolute
-deviation of their logs (at least :data:`SIGMA_FLOOR`): each commit was measured in a process of
-its own, so that spread is what moves between runs, the noise a pair must estimate from its
-other cases. Past that, the rule is the pair's (:mod:`attnbench.bench.compare`): worse when the
-change is beyond the floor (1.2x; the reference's own time 1.4x) and beyond CORROBORATED_Z sigma
-with another case of the same path judged so too, or alone beyond SOLO_EFFECT and NOISE_Z sigma;
-a case alone short of that is *suspect*. Like conbench's lookback z-score
-(https://conbench.github.io/conbench/, "lookback z-score"), with a robust centre and spread.
+versions, suite): its value at each of the last :data:`WINDOW` commits measured there other than
+the current run's (each the median of that commit's runs), at least :data:`MIN_COMMITS` of them.
+The change is the current value over their median; the noise is their spread, 1.4826 x the
+median absolute deviation of their logs (at least :data:`SIGMA_FLOOR`): each commit was measured
+in a process of its own, so that spread is what moves between runs, the noise a pair must
+estimate from its other cases. Past that, the rule is the pair's
+(:mod:`attnbench.bench.compare`): worse when the change is beyond the floor (1.2x; the
+reference's own time 1.4x) and beyond CORROBORATED_Z sigma with another case of the same path
+judged so too, or alone beyond SOLO_EFFECT and NOISE_Z sigma; a case alone short of that is
+*suspect*. Like conbench's lookback z-score (https://github.com/conbench/conbench, "lookback
+z-score"), with a robust centre and spread.
 
 Each line judged so says it in its ``test`` ("history rule, 12 commits") and its note.
 """
@@ -34,7 +35,7 @@ from attnbench.bench.history.store import DB_NAME, History, Series, case_key, en
 from attnbench.bench.results import read_sidecar
 from attnbench.bench.thresholds import CORROBORATED_Z, NOISE_Z, SOLO_EFFECT, WORK_METRIC
 
-#: The commits of history a case is judged against (the most recent before the current one).
+#: The commits of history a case is judged against (the most recent, the current one aside).
 WINDOW = 20
 #: Fewer commits than this: no history verdict (the case stays not judged).
 MIN_COMMITS = 5
