@@ -69,6 +69,25 @@ def test_the_history_judges_what_the_pair_cannot(pair, tmp_path):
     assert compare(slow, base, history=history).exit_code == 1
 
 
+def test_a_history_that_scatters_widely_shows_no_regression(tmp_path):
+    """Runs on a machine that moves cases 1.5x between processes (sigma 0.4, as default-suite
+    runs on a busy machine): a case 3x slower is at most suspect, as a pair that noisy says."""
+    history = tmp_path / "history"
+    with History(history, create=True) as store:
+        for run in commit_line(tmp_path / "runs", [LEVELS] * 12, noise=0.4):
+            store.add(run)
+    rng = np.random.default_rng(13)
+    base = commit_run(tmp_path / "base", 20, LEVELS, rng)
+    slow = commit_run(tmp_path / "slow", 21, {"local": 0.5, "gau": 3.6}, rng)
+    cmp = compare(slow, base, history=history)
+    assert cmp.exit_code == 0 and cmp.count("worse") == 0
+    gau = [ln for ln in time_lines(cmp) if ln.case.startswith("gau")]
+    assert {ln.verdict for ln in gau} <= {"suspect", "same"} and "suspect" in {
+        ln.verdict for ln in gau
+    }
+    assert all("scatters too widely" in ln.note for ln in gau if ln.verdict == "suspect")
+
+
 def test_a_short_or_missing_history_leaves_the_cases_unjudged(pair, tmp_path):
     base, slow, _ = pair
     short = make_history(tmp_path / "short", tmp_path / "runs", 4)

@@ -5,15 +5,17 @@ one.
 The baseline is the case's history in the current run's environment (machine class, library
 versions, suite): its value at each of the last :data:`WINDOW` commits measured there other than
 the current run's (each the median of that commit's runs), at least :data:`MIN_COMMITS` of them.
-The change is the current value over their median; the noise is their spread, 1.4826 x the
-median absolute deviation of their logs (at least :data:`SIGMA_FLOOR`): each commit was measured
-in a process of its own, so that spread is what moves between runs, the noise a pair must
-estimate from its other cases. Past that, the rule is the pair's
+The change is the current value over their median; the noise is their spread, the larger of
+1.4826 x the median absolute deviation of their logs and their 10..90 % range / 2.563 (one wild
+commit in five widens it rather than being ignored), at least :data:`SIGMA_FLOOR`: each commit
+was measured in a process of its own, so that spread is what moves between runs, the noise a
+pair must estimate from its other cases. Past that, the rule is the pair's
 (:mod:`attnbench.bench.compare`): worse when the change is beyond the floor (1.2x; the
 reference's own time 1.4x) and beyond CORROBORATED_Z sigma with another case of the same path
 judged so too, or alone beyond SOLO_EFFECT and NOISE_Z sigma; a case alone short of that is
-*suspect*. Like conbench's lookback z-score (https://github.com/conbench/conbench, "lookback
-z-score"), with a robust centre and spread.
+*suspect*, and so is every case whose history scatters so widely that CORROBORATED_Z sigma is
+beyond USELESS_NOISE (2x). Like conbench's lookback z-score
+(https://github.com/conbench/conbench, "lookback z-score"), with a robust centre and spread.
 
 Each line judged so says it in its ``test`` ("history rule, 12 commits") and its note.
 """
@@ -33,7 +35,13 @@ from attnbench.bench.compare.decision import NOT_JUDGED
 from attnbench.bench.compare.records import HISTORY_RULE, Comparison, Line, Thresholds
 from attnbench.bench.history.store import DB_NAME, History, Series, case_key, env_of
 from attnbench.bench.results import read_sidecar
-from attnbench.bench.thresholds import CORROBORATED_Z, NOISE_Z, SOLO_EFFECT, WORK_METRIC
+from attnbench.bench.thresholds import (
+    CORROBORATED_Z,
+    NOISE_Z,
+    SOLO_EFFECT,
+    USELESS_NOISE,
+    WORK_METRIC,
+)
 
 #: The commits of history a case is judged against (the most recent, the current one aside).
 WINDOW = 20
@@ -42,6 +50,8 @@ MIN_COMMITS = 5
 #: The history's noise is taken as at least this (log units, 1 %): a history of a few identical
 #: values would make every small change a regression.
 SIGMA_FLOOR = 0.01
+#: The 90th percentile of the standard normal: a history's 10..90 % range is 2 x this sigma.
+NORMAL_Q90 = 1.2816
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,9 +121,12 @@ def _value(line: Line, row: Mapping[str, Any]) -> float:
 
 
 def _measure(index: int, value: float, past: list[float]) -> _Judged:
+    """The current ``value`` against ``past``: its change from their median, in their sigma."""
     logs = np.log(np.asarray(past))
     centre = float(np.median(logs))
-    sigma = max(1.4826 * float(np.median(np.abs(logs - centre))), SIGMA_FLOOR)
+    mad = 1.4826 * float(np.median(np.abs(logs - centre)))
+    low, high = np.quantile(logs, [0.1, 0.9])
+    sigma = max(mad, float(high - low) / (2 * NORMAL_Q90), SIGMA_FLOOR)
     change = math.log(value) - centre
     return _Judged(index, math.exp(change), change / sigma, len(past), math.exp(centre), sigma)
 
@@ -146,6 +159,9 @@ def _verdict(line: Line, item: _Judged, judged, lines, th: Thresholds) -> Line:
     )
     if side == 0:
         verdict = "same"
+    elif math.exp(CORROBORATED_Z * item.sigma) > USELESS_NOISE:
+        verdict = "suspect" if side > 0 else "same"
+        how += "; but its history scatters too widely to show a regression"
     elif others:
         verdict = "worse" if side > 0 else "better"
         how += f", with {others} other case{'s' * (others > 1)} of {line.impl}"
