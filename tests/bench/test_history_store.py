@@ -65,6 +65,18 @@ def test_machine_classes_and_versions_are_never_mixed(history, tmp_path):
     assert any("genuineintel-6-143-avx2-avx512f" in s.env.machine_class for s in gau)
 
 
+def test_the_references_time_in_matmul_work_is_kept_apart_per_matmul_size(history, tmp_path):
+    """A run sizes the roofline's matmul by time; its time in units of matmul work compares only
+    at one size, so each size is a series of its own (the ratios to the reference are one)."""
+    rng = np.random.default_rng(3)
+    for commit, size in ((0, 512), (1, 1024), (2, 512)):
+        history.add(commit_run(tmp_path / f"r{commit}", commit, LEVELS, rng, matmul=size))
+    found = {(s.label.split()[0], s.metric): len(s.commits) for s in history.series()}
+    assert found[("softmax:efficient", "time x matmul rate (matmul 512)")] == 2
+    assert found[("softmax:efficient", "time x matmul rate (matmul 1024)")] == 1
+    assert found[("gau:efficient", "time / softmax:efficient")] == 3
+
+
 def test_runs_of_uncommitted_changes_and_without_a_commit(history, tmp_path):
     rng = np.random.default_rng(2)
     dirty = commit_run(tmp_path / "dirty", 0, LEVELS, rng, dirty=True)

@@ -32,6 +32,7 @@ def commit_run(
     torch: str = "2.13.0+cpu",
     dirty: bool = False,
     signature: str = SIGNATURE,
+    matmul: int | None = None,
 ) -> Path:
     """One run of commit number ``commit`` in ``folder``: the reference, and per mechanism in
     ``levels`` one fwd case at n = 1024 and one at n = 256 whose ratio to the reference is the
@@ -53,6 +54,8 @@ def commit_run(
         "machine": {"cpu_signature": signature},
         "versions": {"python": "3.11.7", "torch": torch, "cuda": None, "triton": "3.9.0"},
     }
+    if matmul is not None:  # the roofline's matmul, sized by time
+        side["calibration"] = {"float32": {"matmul_size": matmul}}
     (folder / "results.json").write_text(json.dumps(side))
     return csv
 

@@ -33,7 +33,15 @@ import numpy as np
 from attnbench.bench.compare.cases import label_of
 from attnbench.bench.compare.decision import NOT_JUDGED
 from attnbench.bench.compare.records import HISTORY_RULE, Comparison, Line, Thresholds
-from attnbench.bench.history.store import DB_NAME, History, Series, case_key, env_of
+from attnbench.bench.history.store import (
+    DB_NAME,
+    History,
+    Series,
+    case_key,
+    env_of,
+    matmul_size,
+    work_metric,
+)
 from attnbench.bench.results import read_sidecar
 from attnbench.bench.thresholds import (
     CORROBORATED_Z,
@@ -84,7 +92,7 @@ def judge_by_history(
     judged, short = [], 0
     for i in undecided:
         line, row = out.lines[i], by_label[out.lines[i].case]
-        found = past.get((case_key(row), line.metric))
+        found = past.get((case_key(row), _series_metric(line, row, side)))
         values = _before(found, commit) if found else []
         if len(values) < MIN_COMMITS:
             short += 1
@@ -110,6 +118,13 @@ def _before(series: Series, commit: str) -> list[float]:
 
 def _kind(line: Line) -> str:
     return "reference" if line.metric == WORK_METRIC else "ratio"
+
+
+def _series_metric(line: Line, row: Mapping[str, Any], side) -> str:
+    """The history's name of the line's metric (the reference's: at the current matmul size)."""
+    if _kind(line) == "ratio":
+        return line.metric
+    return work_metric(matmul_size(side, str(row["dtype"])))
 
 
 def _value(line: Line, row: Mapping[str, Any]) -> float:

@@ -63,7 +63,7 @@ CREATE TABLE IF NOT EXISTS results (
     run_id INTEGER NOT NULL REFERENCES runs (id), case_id INTEGER NOT NULL REFERENCES cases (id),
     env_id INTEGER NOT NULL REFERENCES envs (id), status TEXT NOT NULL, time_ms REAL,
     time_p20_ms REAL, time_p80_ms REAL, rounds INTEGER, reference TEXT, ref_ratio REAL,
-    work REAL, PRIMARY KEY (run_id, case_id));
+    work REAL, matmul_size INTEGER, PRIMARY KEY (run_id, case_id));
 CREATE INDEX IF NOT EXISTS results_by_env ON results (env_id, case_id);
 """
 
@@ -138,6 +138,22 @@ def metric_of(row: Mapping[str, Any]) -> tuple[str, float] | None:
     if rate is not None and ms is not None:
         return WORK_METRIC, float(ms) * float(rate) / 1e12
     return None
+
+
+def matmul_size(side: Mapping[str, Any] | None, dtype: str) -> int | None:
+    """The size of the roofline's matmul a run timed for ``dtype`` (its sidecar's calibration;
+    a run sizes it by time, and times in units of matmul work compare only at one size)."""
+    calibration = (side or {}).get("calibration") or {}
+    for name, cal in calibration.items():
+        if str(name).removeprefix("torch.") == dtype and isinstance(cal, Mapping):
+            size = cal.get("matmul_size")
+            return int(size) if size is not None else None
+    return None
+
+
+def work_metric(size: int | None) -> str:
+    """The metric of a time in units of matmul work, naming the matmul's size when known."""
+    return WORK_METRIC if size is None else f"{WORK_METRIC} (matmul {size})"
 
 
 def run_commit(
@@ -255,7 +271,7 @@ class History:
                 ),
             ).lastrowid
             for row in rows:
-                self._add_row(run, row, env_of(row, side))
+                self._add_row(run, row, env_of(row, side), matmul_size(side, str(row["dtype"])))
         return Added(sha, len(rows), envs)
 
     def _id(self, table: str, unique: Mapping[str, Any], more: Mapping | None = None) -> int:
@@ -271,7 +287,7 @@ class History:
         sql = f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({marks})"
         return int(self.db.execute(sql, tuple(cols.values())).lastrowid)
 
-    def _add_row(self, run: int, row: Mapping[str, Any], env: Env) -> None:
+    def _add_row(self, run: int, row: Mapping[str, Any], env: Env, size: int | None) -> None:
         env_id = self._id(
             "envs",
             {"machine_class": env.machine_class, "versions": env.versions, "suite": env.suite},
@@ -288,7 +304,7 @@ class History:
         )
         work = metric_of({**row, "ref_ratio": None})
         self.db.execute(
-            "INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 run,
                 case_id,
@@ -301,6 +317,7 @@ class History:
                 row.get("reference"),
                 row.get("ref_ratio"),
                 work[1] if work else None,
+                size,
             ),
         )
 
@@ -312,8 +329,9 @@ class History:
         sql = (
             "SELECT e.machine_class, e.versions, e.suite, r.commit_sha, r.started, c.key, "
             "c.label, c.family, c.direction, c.causal, x.time_ms, x.reference, x.ref_ratio, "
-            "x.work, x.run_id FROM results x JOIN runs r ON r.id = x.run_id JOIN envs e ON "
-            "e.id = x.env_id JOIN cases c ON c.id = x.case_id WHERE x.status = 'ok'"
+            "x.work, x.matmul_size, x.run_id FROM results x JOIN runs r ON r.id = x.run_id "
+            "JOIN envs e ON e.id = x.env_id JOIN cases c ON c.id = x.case_id "
+            "WHERE x.status = 'ok'"
         )
         params: tuple = ()
         if env is not None:
@@ -348,7 +366,8 @@ def _metric_columns(df: pd.DataFrame, metric: str) -> pd.DataFrame:
     else:
         own = df["key"].map(lambda k: ":".join(json.loads(k)[:2]))
         ratio = df["ref_ratio"].notna() & df["reference"].notna() & (df["reference"] != own)
-        df["metric"] = np.where(ratio, "time / " + df["reference"].fillna(""), WORK_METRIC)
+        work = df["matmul_size"].map(lambda v: work_metric(None if pd.isna(v) else int(v)))
+        df["metric"] = np.where(ratio, "time / " + df["reference"].fillna(""), work)
         df["value"] = np.where(ratio, df["ref_ratio"], df["work"])
     return df[df["value"].notna() & (df["value"] > 0)]
 
