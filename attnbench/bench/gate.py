@@ -36,7 +36,6 @@ current side runs the package found at :func:`checkout`, the base side a worktre
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from pathlib import Path
 from attnbench.bench.compare import Comparison, compare, markdown
 from attnbench.bench.thresholds import EXIT_NOTHING, EXIT_OK, EXIT_REGRESSION, EXIT_USAGE
 from attnbench.core.errors import AttnbenchError
+from attnbench.measure.cpu_class import cpu_class
 from attnbench.measure.machine import cpu_signature
 from attnbench.runtime import logs
 from attnbench.runtime.outputs import ensure_dir, write_text
@@ -84,16 +84,8 @@ def checkout() -> Path:
 
 def machine_slug(signature: str | None = None) -> str:
     """``authenticamd-25-1-avx2``: the part of the CPU signature that decides relative times
-    (vendor, family and model, the instruction sets torch dispatches on); no stepping, no torch
-    version (a baseline also records the torch version, and ``compare`` checks it)."""
-    signature = signature or cpu_signature()
-    cpu = signature.split(";")[0].strip()
-    parts = cpu.split()
-    vendor = parts[0] if parts else "unknown"
-    ident = parts[1].split("/")[:2] if len(parts) > 1 else []
-    isa = parts[2].replace(",", "-") if len(parts) > 2 else ""
-    slug = "-".join([vendor, *ident, isa] if isa and isa != "-" else [vendor, *ident])
-    return re.sub(r"[^a-z0-9_.-]+", "-", slug.lower()).strip("-")
+    (vendor, family and model, the instruction sets torch dispatches on; :func:`cpu_class`)."""
+    return cpu_class(signature or cpu_signature())
 
 
 def git(root: Path, *args: str) -> subprocess.CompletedProcess:
@@ -155,25 +147,31 @@ def verdict_of(code: int, headline: str) -> tuple[int, str]:
     return EXIT_OK, f"passed, {headline}"
 
 
-def gate_saved(root: Path, baseline: Path, out: Path, say: Say) -> Verdict:
+def gate_saved(
+    root: Path, baseline: Path, out: Path, say: Say, history: Path | None = None
+) -> Verdict:
     """The current code's grid against a saved baseline, re-run to confirm what looks worse."""
     ok, why = run_grid(out, root)
     if not ok:
         return Verdict(EXIT_USAGE, f"the CI grid failed with the current code: {why}")
-    cmp = compare(out / "results.csv", baseline)
+    cmp = compare(out / "results.csv", baseline, history=history)
     if cmp.exit_code == EXIT_REGRESSION or cmp.count("suspect"):
         say("speed gate: something looks worse; re-running the grid to confirm")
         rerun = out.with_name(out.name + "-rerun")
         ok, why = run_grid(rerun, root)
         if ok:
-            cmp = compare(out / "results.csv", baseline, confirm=[rerun / "results.csv"])
+            cmp = compare(
+                out / "results.csv", baseline, confirm=[rerun / "results.csv"], history=history
+            )
     write_text(out / "compare.md", markdown(cmp))
     say(report(cmp))
     code, text = verdict_of(cmp.exit_code, cmp.headline())
     return Verdict(code, text, worse=frozenset(worse_cases(cmp)))
 
 
-def gate_measured(root: Path, base: str, out: Path, say: Say, warn: Say) -> Verdict:
+def gate_measured(
+    root: Path, base: str, out: Path, say: Say, warn: Say, history: Path | None = None
+) -> Verdict:
     """A baseline measured from revision ``base`` in a temporary worktree (base, current, base,
     current); the cases worse in both pairs."""
     sha = git(root, "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}").stdout.strip()
@@ -203,17 +201,20 @@ def gate_measured(root: Path, base: str, out: Path, say: Say, warn: Say) -> Verd
                 return Verdict(EXIT_OK, why, used)
             if not ok:
                 return Verdict(EXIT_USAGE, f"the CI grid failed with the current code: {why}", used)
-        return _both_pairs({k: v / "results.csv" for k, v in runs.items()}, out, used, say)
+        csv = {k: v / "results.csv" for k, v in runs.items()}
+        return _both_pairs(csv, out, used, say, history)
     finally:
         git(root, "worktree", "remove", "--force", str(tree))
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _both_pairs(csv: dict[str, Path], out: Path, used: str, say: Say) -> Verdict:
+def _both_pairs(
+    csv: dict[str, Path], out: Path, used: str, say: Say, history: Path | None = None
+) -> Verdict:
     """current 1 vs base 1 (confirmed by current 2), current 2 vs base 2 (confirmed by current
     1): a regression must show in both."""
-    first = compare(csv["current1"], csv["base1"], confirm=[csv["current2"]])
-    second = compare(csv["current2"], csv["base2"], confirm=[csv["current1"]])
+    first = compare(csv["current1"], csv["base1"], confirm=[csv["current2"]], history=history)
+    second = compare(csv["current2"], csv["base2"], confirm=[csv["current1"]], history=history)
     ensure_dir(out, "--out folder")
     write_text(out / "compare.md", markdown(first) + "\n" + markdown(second))
     say(report(first))
@@ -232,18 +233,20 @@ def _both_pairs(csv: dict[str, Path], out: Path, used: str, say: Say) -> Verdict
     return Verdict(code, text, used, frozenset(worse) if code == EXIT_REGRESSION else frozenset())
 
 
-def _against_saved(root: Path, saved: Path, slug: str, out: Path, say: Say, warn: Say) -> Verdict:
+def _against_saved(
+    root: Path, saved: Path, slug: str, out: Path, say: Say, warn: Say, history: Path | None
+) -> Verdict:
     """A saved baseline's verdict; its regressions checked against HEAD~1 measured here and now
     (it was made at another time, maybe on another host of the class): only the cases worse
     than both count."""
     shown = saved.relative_to(root) if saved.is_relative_to(root) else saved
     used = f"saved for class {slug} ({shown})"
-    found = gate_saved(root, saved, out, say)
+    found = gate_saved(root, saved, out, say, history)
     if found.code != EXIT_REGRESSION or not has_previous_commit(root):
         return Verdict(found.code, found.text, used, found.worse)
     say("speed gate: checking the saved baseline's regressions against a baseline measured now "
         "from HEAD~1")  # fmt: skip
-    measured = gate_measured(root, "HEAD~1", out, say, warn)
+    measured = gate_measured(root, "HEAD~1", out, say, warn, history)
     if measured.code not in (EXIT_OK, EXIT_REGRESSION):
         return Verdict(found.code, found.text, used, found.worse)
     both = sorted(found.worse & measured.worse)
@@ -265,16 +268,19 @@ def run_gate(
     root: Path | None = None,
     say: Say = logs.info,
     warn: Say = logs.info,  # its lines say "warning:" themselves
+    history: Path | None = None,
 ) -> Outcome:
     """The gate (see the module docstring): a saved baseline of this machine class in
     ``baselines`` unless ``base`` names a revision to measure one from (default HEAD~1 when none
-    is saved). ``out`` must be absolute: the base's grid runs from its own worktree. Raises
-    AttnbenchError for a ``base`` that names no commit."""
+    is saved). ``out`` must be absolute: the base's grid runs from its own worktree. ``history``:
+    a results history folder that judges what a pair cannot (too few rounds; see
+    :mod:`attnbench.bench.compare.history_rule`). Raises AttnbenchError for a ``base`` that names
+    no commit."""
     root = root or checkout()
     slug = machine_slug()
     saved = baselines / slug / "ci.csv"
     if base is None and saved.is_file():
-        found = _against_saved(root, saved, slug, out, say, warn)
+        found = _against_saved(root, saved, slug, out, say, warn, history)
         return Outcome(found.code, f"speed gate: baseline {found.used}: {found.text}")
     if base is None:
         say(f"speed gate: no saved baseline for class {slug}; measuring one from HEAD~1")
@@ -283,5 +289,5 @@ def run_gate(
             # the user asked for nothing that does not exist.
             return Outcome(EXIT_OK, f"speed gate: no baseline (none saved for class {slug}, no "
                            "previous commit here to measure one from): skipped")  # fmt: skip
-    found = gate_measured(root, base or "HEAD~1", out, say, warn)
+    found = gate_measured(root, base or "HEAD~1", out, say, warn, history)
     return Outcome(found.code, f"speed gate: baseline {found.used}: {found.text}")

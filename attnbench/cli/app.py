@@ -21,6 +21,7 @@ from attnbench.cli import (
     show,
 )
 from attnbench.cli.common import INTERRUPTED, USAGE_ERROR, Group, command_help
+from attnbench.cli.history import history_app
 from attnbench.cli.run import run_app
 from attnbench.runtime import logs
 
@@ -65,6 +66,7 @@ for _name, _fn in (
     ("report", report_cmd.report_cmd),
 ):
     app.command(_name, **command_help(_fn))(_fn)
+app.add_typer(history_app, name="history")
 
 
 # Typer may vendor its own click (typer._click): take click's exception classes from Typer's own

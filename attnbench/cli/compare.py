@@ -87,6 +87,14 @@ Separation = Annotated[
         help="Also require the p20..p80 bands of the two time ratios not to overlap.",
     ),
 ]
+HistoryDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--history",
+        help="A results history folder (attnbench history): cases with too few rounds for the "
+        "U test are judged against their history there.",
+    ),
+]
 ShowAll = Annotated[
     bool, typer.Option("--all", help="Show every compared quantity, not only the changes.")
 ]
@@ -107,6 +115,7 @@ def compare_cmd(
     mem_tolerance_other: MemToleranceOther = MEM_TOLERANCE_OTHER,
     separation: Separation = True,
     show_all: ShowAll = False,
+    history: HistoryDir = None,
 ) -> None:
     """Compare a speed run with a baseline: time as ratio to the reference, FLOPs, memory.
 
@@ -114,7 +123,8 @@ def compare_cmd(
     ratio of medians exceeds --min-effect, and the change is beyond the noise this comparison
     shows, in two cases of a path (one case alone: reported as suspect; a --confirm re-run that
     shows it again makes it a regression). Results without a samples file fall back to
-    --time-ratio with p20..p80 bands apart.
+    --time-ratio with p20..p80 bands apart. With --history DIR, a case with too few rounds for
+    the U test is judged against its results history instead (the history rule).
 
     Exit code 0: nothing worse; 1: a regression; 2: usage error; 3: nothing comparable
     (e.g. a baseline from another machine or torch version: a warning, not a failure).
@@ -139,7 +149,7 @@ def compare_cmd(
     )
     from attnbench.bench.compare import as_json, compare
 
-    result = compare(current, baseline, thresholds, confirm or ())
+    result = compare(current, baseline, thresholds, confirm or (), history)
     if markdown_file is not None:
         _write_markdown(markdown_file, result, show_all)
     if output_format == "json":
