@@ -1,5 +1,6 @@
-"""scripts/before_after.py: each side read through what its own runs measured (the matmul anchor,
-dense SDPA, the peer in the same run), medians over the runs, checked by hand."""
+"""attnbench.bench.before_after (the gate's OUT/before-after.md): each side read through what
+its own runs measured (the matmul anchor, dense SDPA, the peer in the same run), medians over
+the runs, checked by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import before_after
+from attnbench.bench import before_after
 
 COLUMNS = ["mechanism", "path", "params", "direction", "causal", "seq_len", "dtype", "status",
            "time_median_ms", "matmul_flop_per_s", "ref_ratio", "flops"]  # fmt: skip
@@ -27,7 +28,7 @@ def write_run(folder: Path, local_ms: float, peer_ms: float, matmul: float, flop
         writer = csv.writer(f)
         writer.writerow(COLUMNS)
         writer.writerows(rows)
-    return folder
+    return folder / "results.csv"
 
 
 def test_each_side_is_read_through_its_own_runs(tmp_path):
@@ -47,5 +48,8 @@ def test_each_side_is_read_through_its_own_runs(tmp_path):
     assert row["vs_peer_before"] == pytest.approx((2.0 + 1.0) / 2)  # 40/20 and 30/30
     assert row["vs_peer_after"] == pytest.approx((4.0 + 3.0) / 2)
     assert "linear:chunkwise" not in set(df["impl"])  # failed rows are not read
-    text = before_after.markdown(df, "abc")
+    written = before_after.write(tmp_path, base, current, peers, "abc")
+    text = written.read_text()
     assert "| `local:efficient` | fwd | no | 8192 | 57.1 % | 100.0 % |" in text
+    assert "matmul rate, before (abc)" in text
+    assert (tmp_path / "before-after.csv").read_text().count("\n") == 3  # header, two paths
