@@ -1,4 +1,4 @@
-"""MkDocs hooks for the docs site (mkdocs.yml: ``hooks``).
+"""The docs site's MkDocs hook (mkdocs.yml: ``hooks``; kept out of the site by ``exclude_docs``).
 
 GitHub's Markdown needs a pipe inside a code span in a table cell escaped (``\\|``) and shows it
 as ``|``; Python-Markdown never splits a cell at a pipe inside a code span, so it keeps the
