@@ -97,7 +97,7 @@ Peers = Annotated[
         "--peer",
         help="Instead of a baseline: read PATH against PEER in CURRENT alone, at --n (PATH=PEER, "
         "PEER may be :NAME, the same mechanism's path; PATH alone: its row; repeatable).",
-        metavar="<path=peer>",
+        metavar="<str>",
     ),
 ]
 PeerLength = Annotated[int | None, typer.Option("--n", help="With --peer: the length to read.")]

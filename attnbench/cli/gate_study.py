@@ -76,7 +76,7 @@ Peer = Annotated[
         "--peer",
         help="PATH=PEER: PEER's time over PATH's in the same run, a column of OUT/before-after.md "
         "(repeatable).",
-        metavar="<path=peer>",
+        metavar="<str>",
     ),
 ]
 
