@@ -1,4 +1,5 @@
-"""``attnbench compare CURRENT BASELINE``: the regression gate (exit 1 on a regression)."""
+"""``attnbench compare CURRENT BASELINE``: the regression gate (exit 1 on a regression); and
+``attnbench compare RESULTS --peer PATH=PEER --n N``: one run's paths against their peers."""
 
 from __future__ import annotations
 
@@ -98,11 +99,26 @@ HistoryDir = Annotated[
 ShowAll = Annotated[
     bool, typer.Option("--all", help="Show every compared quantity, not only the changes.")
 ]
+Peers = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--peer",
+        help="Instead of a baseline: read PATH against PEER in CURRENT alone, at --n (PATH=PEER, "
+        "PEER may be :NAME, the same mechanism's path; PATH alone: its row; repeatable).",
+        metavar="<str>",
+    ),
+]
+PeerLength = Annotated[int | None, typer.Option("--n", help="With --peer: the length to read.")]
+PeerCausal = Annotated[
+    bool, typer.Option("--causal", help="With --peer: read the causal rows instead.")
+]
 
 
 def compare_cmd(
     current: Annotated[Path, typer.Argument(help="Results CSV of this run.")],
-    baseline: Annotated[Path, typer.Argument(help="Results CSV to compare against.")],
+    baseline: Annotated[
+        Path | None, typer.Argument(help="Results CSV to compare against (not with --peer).")
+    ] = None,
     confirm: Confirm = None,
     markdown_file: MarkdownFile = None,
     output_format: OutputFormat = "table",
@@ -116,6 +132,9 @@ def compare_cmd(
     separation: Separation = True,
     show_all: ShowAll = False,
     history: HistoryDir = None,
+    peer: Peers = None,
+    peer_n: PeerLength = None,
+    peer_causal: PeerCausal = False,
 ) -> None:
     """Compare a speed run with a baseline: time as ratio to the reference, FLOPs, memory.
 
@@ -133,10 +152,19 @@ def compare_cmd(
     line too; --format json prints the whole comparison as JSON on stdout. With --confirm,
     something worse in CURRENT alone is reported as unconfirmed.
 
+    With --peer instead of a baseline, one run's paths are read against their peers in the same
+    rounds, at one length (--n): each path's fraction of the matmul rate, its speed-up over dense
+    SDPA, and each peer's time over the path's (above 1 the path is faster). Printed as Markdown
+    (--markdown also writes it; --format json prints the numbers).
+
     Example: [bold]attnbench compare runs/ci/results.csv runs/ci-before/results.csv[/bold]
+    (peers: [bold]attnbench compare RESULTS.csv --peer local:efficient=:flex --n 8192[/bold])
     """
     if output_format not in FORMATS:
         raise AttnbenchError(f"--format {output_format!r}: accepted: {', '.join(FORMATS)}")
+    if peer or baseline is None:
+        _peer_view(current, baseline, peer or [], peer_n, peer_causal, markdown_file, output_format)
+        return
     thresholds = _thresholds(
         time_ratio=time_ratio,
         ref_time_ratio=ref_time_ratio,
@@ -160,6 +188,38 @@ def compare_cmd(
     _print_messages(result)
     out.print(f"attnbench compare: {result.headline()}", soft_wrap=True)
     raise typer.Exit(result.exit_code)
+
+
+def _peer_view(
+    results: Path,
+    baseline: Path | None,
+    peers: list[str],
+    n: int | None,
+    causal: bool,
+    markdown_file: Path | None,
+    output_format: str,
+) -> None:
+    """``compare RESULTS --peer ...``: the paths of one run against their peers
+    (:mod:`attnbench.bench.peers`)."""
+    if not peers:
+        raise AttnbenchError("BASELINE is missing; accepted: CURRENT BASELINE, or CURRENT --peer")
+    if baseline is not None:
+        raise AttnbenchError(f"--peer reads one run; accepted: CURRENT alone, not {baseline}")
+    from attnbench.bench.peers import parse_peer, peer_markdown, peer_rows
+    from attnbench.runtime.outputs import ensure_dir, write_text
+
+    parsed = [parse_peer(p) for p in peers]
+    if n is None:
+        raise AttnbenchError("--peer needs --n: the sequence length to read (e.g. --n 8192)")
+    records = peer_rows(results, n, parsed, causal)
+    text = peer_markdown(records, parsed)
+    if markdown_file is not None:
+        ensure_dir(markdown_file.parent, "folder for --markdown")
+        write_text(markdown_file, text)
+    if output_format == "json":
+        typer.echo(json.dumps(records, indent=2))
+    else:
+        typer.echo(text, nl=False)
 
 
 def _thresholds(**given: Any) -> Thresholds:

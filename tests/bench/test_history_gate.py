@@ -134,7 +134,7 @@ def test_the_gate_judges_by_history_and_feeds_it(repo, tmp_path, monkeypatch):
     gate's four runs join the history, the current code's run of uncommitted changes aside."""
     rng = np.random.default_rng(12)
 
-    def run_grid(out: Path, code_root: Path) -> tuple[bool, str]:
+    def run_grid(out: Path, code_root: Path, grid=None, slow=None) -> tuple[bool, str]:
         current = code_root == repo
         commit_run(out, 21 if current else 20, SLOW if current else LEVELS, rng)
         return True, ""
