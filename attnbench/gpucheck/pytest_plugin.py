@@ -3,11 +3,12 @@ attnbench.gpucheck.pytest_plugin``): each test's start and end as a JSON line of
 ``ATTNBENCH_GPUCHECK_EVENTS`` (flushed at once, so a worker killed mid-test leaves what it had
 done), and a per-test time limit of ``ATTNBENCH_GPUCHECK_TIMEOUT`` seconds.
 
-The limit ends the worker: :func:`faulthandler.dump_traceback_later` prints every thread's stack to
-the worker's log and exits the process. A compile or an autotuning that hangs, or a kernel that
-never returns, cannot be interrupted from Python anyway; the driver sees a test that started and
-never ended, records it as ``timeout``, and gives the worker's other tests to a new process. No
-pytest-timeout or pytest-xdist is needed on the GPU machine.
+The limit ends the worker: :func:`faulthandler.dump_traceback_later` writes every thread's stack
+to the worker's log (``ATTNBENCH_GPUCHECK_LOG``) and exits the process. A compile or an
+autotuning that hangs, or a kernel that never returns, cannot be interrupted from Python anyway;
+the driver sees a test that started and never ended, records it as ``timeout``, and gives the
+worker's other tests to a new process. No pytest-timeout or pytest-xdist is needed on the GPU
+machine.
 """
 
 from __future__ import annotations
@@ -23,10 +24,14 @@ import pytest
 
 EVENTS_VAR = "ATTNBENCH_GPUCHECK_EVENTS"
 TIMEOUT_VAR = "ATTNBENCH_GPUCHECK_TIMEOUT"
+#: The worker's log, where a stuck test's stacks go (pytest's output capture would swallow
+#: them on standard error: it redirects the file descriptor during each test).
+LOG_VAR = "ATTNBENCH_GPUCHECK_LOG"
 
 #: The outcome of each test of this worker so far (its phases' reports, merged).
 _outcomes: dict[str, str] = {}
 _started: dict[str, float] = {}
+_stacks: list = []  # the open file faulthandler writes to (it must stay open)
 
 
 def write_event(event: dict[str, Any]) -> None:
@@ -37,6 +42,14 @@ def write_event(event: dict[str, Any]) -> None:
     with open(path, "a", encoding="utf-8") as f:
         f.write(json.dumps(event) + "\n")
         f.flush()
+
+
+def stacks_file():
+    """Where faulthandler writes a stuck test's stacks: the worker's log, else stderr."""
+    if not _stacks:
+        path = os.environ.get(LOG_VAR)
+        _stacks.append(open(path, "a", encoding="utf-8") if path else sys.__stderr__)  # noqa: SIM115
+    return _stacks[0]
 
 
 def per_test_limit() -> float:
@@ -54,7 +67,7 @@ def pytest_runtest_protocol(item, nextitem):
     write_event({"event": "start", "nodeid": item.nodeid, "time": _started[item.nodeid]})
     limit = per_test_limit()
     if limit:
-        faulthandler.dump_traceback_later(limit, exit=True, file=sys.stderr)
+        faulthandler.dump_traceback_later(limit, exit=True, file=stacks_file())
     try:
         yield
     finally:

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.gpucheck.pytest_plugin import EVENTS_VAR, TIMEOUT_VAR
+from attnbench.gpucheck.pytest_plugin import EVENTS_VAR, LOG_VAR, TIMEOUT_VAR
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,8 @@ class PytestLauncher:
     def start(
         self, stage: TestStage, ids: list[str], events: Path, junit: Path, log: Path
     ) -> PytestProcess:
-        env = {**self.env, EVENTS_VAR: str(events), TIMEOUT_VAR: str(stage.timeout_s)}
+        env = {**self.env, EVENTS_VAR: str(events), TIMEOUT_VAR: str(stage.timeout_s),
+               LOG_VAR: str(log)}  # fmt: skip
         cmd = pytest_command(stage, ids, junit, self.python)
         log.parent.mkdir(parents=True, exist_ok=True)
         handle = log.open("w", encoding="utf-8")

@@ -203,8 +203,11 @@ def test_the_plugin_writes_each_tests_start_and_outcome(tmp_path, monkeypatch):
     monkeypatch.setenv(pytest_plugin.EVENTS_VAR, str(events))
     monkeypatch.setenv(pytest_plugin.TIMEOUT_VAR, "120")
     armed = []
-    monkeypatch.setattr(pytest_plugin.faulthandler, "dump_traceback_later",
-                        lambda t, exit, file: armed.append((t, exit)))  # fmt: skip
+    monkeypatch.setattr(
+        pytest_plugin.faulthandler,
+        "dump_traceback_later",
+        lambda t, exit, file: armed.append((t, exit)),
+    )
     monkeypatch.setattr(pytest_plugin.faulthandler, "cancel_dump_traceback_later",
                         lambda: armed.append("cancel"))  # fmt: skip
     item = type("Item", (), {"nodeid": "t.py::test_a"})()
@@ -240,3 +243,38 @@ def test_no_limit_without_the_variable(monkeypatch):
     assert pytest_plugin.per_test_limit() == 0.0
     monkeypatch.setenv(pytest_plugin.TIMEOUT_VAR, "x")
     assert pytest_plugin.per_test_limit() == 0.0
+
+
+def test_real_workers_record_outcomes_and_a_timeout(tmp_path):
+    """The one end-to-end run: real pytest workers with the plugin, on a tiny project of tests
+    marked gpu that need no GPU. The per-test limit must end the worker process itself, which
+    no in-process fake can show; the test after the stuck one runs in a new worker."""
+    import sys
+
+    project = tmp_path / "project"
+    (project / "tests").mkdir(parents=True)
+    (project / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\naddopts = "-m \'not gpu\'"\nmarkers = ["gpu: a GPU test"]\n'
+    )
+    (project / "tests" / "test_fake.py").write_text(
+        "import time\nimport pytest\npytestmark = pytest.mark.gpu\n\n"
+        "def test_a():\n    pass\n\n"
+        "def test_b():\n    time.sleep(60)\n\n"
+        "def test_c():\n    assert False\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    stage = TestStage("kernels", "gpu", workers=1, timeout_s=3.0)
+    collected = testrun.collect(stage, project, project / "tests", env)
+    assert [n.split("::")[1] for n in collected] == ["test_a", "test_b", "test_c"]
+    state = TestState(tmp_path / "out")
+    launcher = testrun.PytestLauncher(project, env, python=sys.executable)
+    report = testrun.run_stage(stage, collected, state, launcher, workers=1,
+                               deadline=time.monotonic() + 120)  # fmt: skip
+    outcomes = {n.split("::")[1]: e["outcome"] for n, e in state.ended().items()}
+    assert outcomes == {"test_a": "passed", "test_b": "timeout", "test_c": "failed"}
+    assert not report.stopped
+    logs = "".join(p.read_text() for p in (tmp_path / "out" / "logs").glob("*.log"))
+    assert "Timeout" in logs  # faulthandler's dump of the stuck test's stack
+    counts = testrun.merge_junit(tmp_path / "out" / "junit", state, tmp_path / "junit.xml")
+    assert counts["tests"] == 3 and counts["failure"] == 1 and counts["error"] == 1
