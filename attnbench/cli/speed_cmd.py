@@ -96,8 +96,8 @@ CacheDirOption = Annotated[
     Path | None,
     typer.Option(
         "--cache-dir",
-        help="Compile and autotune caches (DIR/inductor, DIR/triton); default: "
-        "$TORCHINDUCTOR_CACHE_DIR / $TRITON_CACHE_DIR, else ~/.cache/attnbench.",
+        help="Compile and autotune caches (DIR/inductor, DIR/triton); default: the usual "
+        "variables if set, else ~/.cache/attnbench.",
     ),
 ]
 ImplOption = Annotated[
