@@ -1,8 +1,8 @@
 """The package's shape: its parts form layers, each importing only its own part and the layers
 below it, and there is no import cycle.
 
-    launch -> cli -> costreport -> bench | extrapolation -> api | layers | render -> registry
-        -> variants -> kernels | libraries -> measure | runtime -> core
+    launch -> cli -> costreport -> bench | extrapolation | gpucheck -> api | layers | render
+        -> registry -> variants -> kernels | libraries -> measure | runtime -> core
 
 Parts on one layer do not import each other (the two experiments share only what is below them).
 Read from the source with ``ast`` (imports inside functions count too), so a cycle that only
@@ -24,7 +24,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("variants",),  # every mechanism's paths and record
     ("registry",),  # what exists
     ("api", "layers", "render"),  # the public surface; drawing patterns
-    ("bench", "extrapolation"),  # the two experiments
+    ("bench", "extrapolation", "gpucheck"),  # the two experiments; the GPU machine's check
     ("costreport",),  # the one place that joins them: accuracy against cost
     ("cli",),  # the command line
 )

@@ -22,6 +22,7 @@ from attnbench.bench.suite_keys import DEVICES, DIRECTIONS, DTYPES, MAX_LENGTH, 
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.spec import PATH_KINDS, Mechanism, PathSpec
 from attnbench.measure import machine
+from attnbench.measure.gpu_timing import gpu_only_options
 from attnbench.measure.timing import TimingPolicy
 from attnbench.runtime.schema import read_section
 from attnbench.runtime.tomlconfig import Setting, SuiteText, find_suite, load
@@ -52,6 +53,7 @@ class SpeedSuite:
     max_len: Mapping[str, int] = field(default_factory=dict)
     max_call_s: float = 0.0
     threads: int = 0
+    max_threads: int = 0  # caps threads = 0's one per logical core (0: no cap)
     timing: TimingPolicy = TimingPolicy()
     matmul_size: int = 2048
     matmul_max_s: float = 1.0  # the matmul is sized down until a call takes at most this long
@@ -68,7 +70,10 @@ class SpeedSuite:
         return [DTYPES[d] for d in self.dtypes]
 
     def thread_count(self) -> int:
-        return self.threads or os.cpu_count() or 1
+        if self.threads:
+            return self.threads
+        cores = os.cpu_count() or 1
+        return min(cores, self.max_threads) if self.max_threads else cores
 
     def batch_for(self, n: int) -> int:
         return max(1, self.tokens // n) if self.tokens else self.batch
@@ -100,7 +105,11 @@ class SpeedSuite:
                 "head_dims": list(self.head_dims),
             },
             "limits": {"max_len": dict(self.max_len), "max_call_s": self.max_call_s},
-            "timing": {**vars(self.timing), "threads": self.threads},
+            "timing": {
+                **vars(self.timing),
+                "threads": self.threads,
+                "max_threads": self.max_threads,
+            },  # fmt: skip
             "matmul_size": self.matmul_size,
             "matmul_max_s": self.matmul_max_s,
             "params": {k: dict(v) for k, v in self.params.items()},
@@ -168,6 +177,7 @@ def parse_suite(text: SuiteText, mechanisms: Sequence[Mechanism] | None = None) 
         max_len=dict(limits.max_len),
         max_call_s=limits.max_call_s,
         threads=timing.threads,
+        max_threads=timing.max_threads,
         timing=TimingPolicy(
             warmup_calls=timing.warmup_calls,
             warmup_s=timing.warmup_s,
@@ -178,6 +188,8 @@ def parse_suite(text: SuiteText, mechanisms: Sequence[Mechanism] | None = None) 
             clock=timing.clock,
             retain_memory=timing.retain_memory,
             order=timing.order,
+            l2=timing.l2,
+            graph=timing.graph,
         ),
         matmul_size=timing.matmul_size,
         matmul_max_s=timing.matmul_max_s,
@@ -295,11 +307,15 @@ def override(
     if params:
         changes["common_params"] = dict(params)
     out = replace(suite, **changes)
-    if resolve_device(out.device).type == "cuda" and out.timing.clock == "cpu":
+    device = resolve_device(out.device)
+    if device.type == "cuda" and out.timing.clock == "cpu":
         raise AttnbenchError(
             "[timing] clock = 'cpu' measures CPU time, which means nothing for CUDA work; "
             "accepted with a GPU: clock = 'wall'"
         )
+    refused = gpu_only_options(out.timing, device)
+    if refused:
+        raise AttnbenchError(refused)
     selected = select(out, mechs)
     for key in out.common_params:
         if not any(key in m.param_names for m, _ in selected):

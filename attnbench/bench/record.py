@@ -28,6 +28,7 @@ from attnbench.bench.results import (
     row_key,
 )
 from attnbench.measure.flops import count_flops
+from attnbench.measure.gpu_timing import effective_l2
 from attnbench.measure.timing import per_round_ratios
 from attnbench.runtime.progress import Progress
 
@@ -105,6 +106,7 @@ class Recorder:
             torch_version=torch.__version__,
             threads=self.threads,
             clock=self.clock,
+            l2=effective_l2(self.suite.timing, case.device),
             dtype=str(case.dtype).removeprefix("torch."),
             batch=s.batch,
             heads=s.heads,

@@ -47,6 +47,9 @@ COLUMNS: tuple[str, ...] = (
     "torch_version",
     "threads",
     "clock",
+    "l2",
+    "graph",
+    "graph_reason",
     "dtype",
     "batch",
     "heads",
@@ -77,6 +80,7 @@ COLUMNS: tuple[str, ...] = (
     "roofline",
     "flops_fa",
     "flop_per_s_fa",
+    "roofline_fa",
     "flops_executed",
     "flop_per_s_executed",
     "mem_fwd_bytes",
@@ -91,6 +95,10 @@ ADDED_COLUMNS: tuple[str, ...] = (
     "flop_per_s_fa",
     "flops_executed",
     "flop_per_s_executed",
+    "l2",
+    "graph",
+    "graph_reason",
+    "roofline_fa",
 )
 
 #: The columns that identify a case: rows of two runs with equal keys are compared.
@@ -123,7 +131,8 @@ _INT += ("flops_fa", "flops_executed")
 _FLOAT = ("time_median_ms", "time_p20_ms", "time_p80_ms", "first_call_ms", "ref_ratio")
 _FLOAT += ("ref_ratio_p20", "ref_ratio_p80", "tokens_per_s", "flop_per_s")
 _FLOAT += ("matmul_flop_per_s", "roofline", "flop_per_s_fa", "flop_per_s_executed")
-_BOOL = ("causal", "noisy")
+_FLOAT += ("roofline_fa",)
+_BOOL = ("causal", "noisy", "graph")
 _TEXT = tuple(c for c in COLUMNS if c not in _INT + _FLOAT + _BOOL)
 
 

@@ -16,6 +16,7 @@ from attnbench.bench.failures import StickyDeviceError, one_line
 from attnbench.bench.member import Member, free_memory, set_up
 from attnbench.bench.plan import Case, Group, unsupported_reason
 from attnbench.bench.record import Recorder
+from attnbench.bench.warmup_notes import note_first_call, slow_first_call
 from attnbench.core.errors import AttnbenchError
 from attnbench.measure.flops import MatmulAnchor, executed_flops, sized_anchor
 from attnbench.measure.timing import (
@@ -110,9 +111,12 @@ class SweepRunner:
             book.emit(case, book.row(case, "unsupported", reason))
             return None
         try:
-            return set_up(
-                case, cache, self.clock, self.suite.timing, need_fwd_memory=need_fwd_memory
-            )
+            with slow_first_call(case, self.progress.note):  # says so while it compiles
+                member = set_up(
+                    case, cache, self.clock, self.suite.timing, need_fwd_memory=need_fwd_memory
+                )
+            note_first_call(case, member, self.progress.note)
+            return member
         except AttnbenchError as e:  # the mechanism rejects this shape or these params
             book.emit(case, book.row(case, "unsupported", str(e)))
             return None
@@ -242,6 +246,8 @@ def measured_values(m: Member, sibling: Member | None, t: Stats) -> dict[str, An
         mem_fwd_bytes=mem_fwd.bytes if mem_fwd else None,
         mem_fwdbwd_bytes=mem_fwdbwd.bytes if mem_fwdbwd else None,
         mem_method=method,
+        graph=m.graph,
+        graph_reason=m.graph_reason or None,
     )
 
 
@@ -269,13 +275,19 @@ def add_rates(
     mm_rate: float,
 ) -> None:
     """The row's FLOP/s, the matmul's, and the roofline: the median over rounds of this case's
-    FLOP/s over the matmul's in the same round."""
+    FLOP/s over the matmul's in the same round (``roofline_fa``: in flash-attention's
+    convention, fwd+bwd = 3.5x the forward)."""
     row["flop_per_s"] = row["flops"] / t.median
     if row["flops_fa"] is not None:
         row["flop_per_s_fa"] = row["flops_fa"] / t.median
     row["matmul_flop_per_s"] = mm_rate
-    per_round = [
-        (row["flops"] / x) / (anchor.flops / a)
-        for x, a in zip(samples, anchor_samples, strict=True)
-    ]
-    row["roofline"] = stats(per_round).median
+
+    def roofline(flops: float) -> float:
+        per_round = [
+            (flops / x) / (anchor.flops / a) for x, a in zip(samples, anchor_samples, strict=True)
+        ]
+        return stats(per_round).median
+
+    row["roofline"] = roofline(row["flops"])
+    if row["flops_fa"] is not None:
+        row["roofline_fa"] = roofline(row["flops_fa"])

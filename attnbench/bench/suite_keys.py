@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from attnbench.core.spec import PATH_KINDS, PathKind
+from attnbench.measure.gpu_timing import L2_MODES
 from attnbench.measure.timing import CLOCKS, ORDERS
 from attnbench.runtime.schema import Checked, Invalid, above, at_least, setting, within
 
@@ -19,6 +20,7 @@ Direction = Literal["fwd", "fwdbwd"]
 DtypeName = Literal["float32", "fp32", "float64", "fp64", "bfloat16", "bf16", "float16", "fp16"]
 Order = Literal[ORDERS]  # measure.timing's orders
 ClockKind = Literal[CLOCKS]
+L2Mode = Literal[L2_MODES]  # measure.gpu_timing's modes
 
 DIRECTIONS: tuple[str, ...] = get_args(Direction)
 DEVICES: tuple[str, ...] = get_args(Device)
@@ -136,6 +138,12 @@ class Timing(Checked):
         0, "torch CPU threads, fixed for the run and recorded; 0: one per logical core",
         valid=at_least(0),
     )  # fmt: skip
+    max_threads: int = setting(
+        0,
+        "with `threads = 0`: at most this many (0: no cap), for a grid of calls too small for "
+        "more threads to pay",
+        valid=at_least(0),
+    )
     warmup_calls: int = setting(
         2, "untimed calls at least (the first compiles/autotunes)", valid=at_least(1)
     )
@@ -179,6 +187,17 @@ class Timing(Checked):
         "wall",
         "`wall` (elapsed time; CUDA events on a GPU) or `cpu` (CPU time of the process: immune "
         "to being descheduled on a busy machine; CPU device only)",
+    )
+    l2: L2Mode | None = setting(
+        None,
+        "`cold` (a buffer of at least twice the L2 written before every timed call, outside the "
+        "timed region) or `warm` (no flush: what a loop of calls sees; the GPU default); "
+        "CUDA only, recorded in every row",
+    )
+    graph: bool = setting(
+        False,
+        "time replays of a CUDA graph of each case's call, where the path can be captured (a row "
+        "that could not be says why in `graph_reason`); CUDA only, recorded in every row",
     )
 
     def __post_init__(self) -> None:

@@ -17,6 +17,8 @@ from attnbench.bench.results import COLUMNS
 CSV_NAME = "results.csv"
 SIDECAR_NAME = "results.json"
 COMPLEXITY_NAME = "complexity.csv"
+#: Torch's and the libraries' warnings during the sweep (:mod:`attnbench.runtime.warning_log`).
+WARNINGS_NAME = "warnings.log"
 
 
 @dataclass
@@ -37,6 +39,9 @@ class SpeedRun:
     #: The machine's load before and during the run (sidecar ``load``), and what it says.
     load: dict[str, Any] | None = None
     busy: str | None = None
+    #: Warnings of torch and the libraries kept out of the terminal, and the file holding them.
+    warnings: int = 0
+    warnings_file: FilePath | None = None
 
     @property
     def counts(self) -> dict[str, int]:

@@ -14,6 +14,7 @@ from attnbench.cli import (
     compare,
     export,
     gate,
+    gpu_check_cmd,
     list_cmd,
     merge_cmd,
     plot,
@@ -64,6 +65,7 @@ for _name, _fn in (
     ("merge", merge_cmd.merge_cmd),
     ("gate", gate.gate_cmd),
     ("report", report_cmd.report_cmd),
+    ("gpu-check", gpu_check_cmd.gpu_check_cmd),
 ):
     app.command(_name, **command_help(_fn))(_fn)
 app.add_typer(history_app, name="history")

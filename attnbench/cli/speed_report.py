@@ -237,10 +237,18 @@ def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
         )
     counts = ", ".join(f"{n} {s}" for s, n in run.counts.items())
     out.print(f"rows: {counts or 'none'}")
+    if run.warnings:
+        out.print(f"{warnings_line(run)}", highlight=False)
     warn_about(run)
     out.print(f"wrote {run.csv}, {run.complexity}, {run.sidecar}")
     if figures:
         out.print(f"figures: {figures[0].parent}/ ({', '.join(p.name for p in figures)})")
+
+
+def warnings_line(run: SpeedRun) -> str:
+    """How many warnings of torch and the libraries the run kept out of the terminal, and where."""
+    plural = "s" if run.warnings != 1 else ""
+    return f"{run.warnings} warning{plural} of torch and the libraries: {run.warnings_file}"
 
 
 def matmul_shape(cal: Mapping[str, Any]) -> tuple[str, str]:
@@ -309,6 +317,10 @@ def summary_json(run: SpeedRun, figures: list[Path]) -> str:
         "interrupted": run.interrupted,
         "stopped": run.stopped,
         "not_run": len(run.not_run),
+        "warnings": {
+            "count": run.warnings,
+            "file": str(run.warnings_file) if run.warnings_file else None,
+        },
         "summary": [summary_object(r) for r in summary_rows(run)],
         "calibration": run.calibration,
         "files": {
