@@ -18,6 +18,7 @@ from attnbench.core import sources
 from attnbench.core.spec import Mechanism, PathSpec, Shape, positive_int
 from attnbench.kernels.sdpa import backend_path, backend_paths
 from attnbench.variants.dense import causal_mask, softmax_attention
+from attnbench.variants.softmax_decode import cache_forms
 
 
 def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
@@ -68,6 +69,7 @@ MQA = Mechanism(
         None if k.shape[1] == 1 else f"mqa takes one K/V head, k has {k.shape[1]}"
     ),
     shares_kv=True,
+    decode=cache_forms(shared_kv=True),
     memory="O(n^2) reference; K/V cache 1/H of softmax",
 )
 
@@ -81,5 +83,6 @@ GQA = Mechanism(
     adapt_shape=_gqa_shape,
     check_inputs=_check_kv_heads,
     shares_kv=True,
+    decode=cache_forms(shared_kv=True),
     memory="O(n^2) reference; K/V cache kv_heads/H of softmax",
 )

@@ -14,6 +14,7 @@ from attnbench.libraries.fla import softmax_attention as fla_softmax
 from attnbench.libraries.sage import sage_attention
 from attnbench.libraries.xformers import memory_efficient
 from attnbench.variants.dense import causal_mask, softmax_attention
+from attnbench.variants.softmax_decode import cache_forms
 
 
 def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
@@ -76,4 +77,5 @@ MECHANISM = Mechanism(
             tolerance=SAGE_TOLERANCE,
         ),
     ),
+    decode=cache_forms(),
 )

@@ -183,6 +183,7 @@ MECHANISM = Mechanism(
         ),
     ),
     causal=False,
+    no_decode=NO_CAUSAL + ": decoding is causal",
     check_inputs=check_elementwise,
     flops=flops,
     layer=aft_layer(layer_init, same_at_every_length),

@@ -36,6 +36,7 @@ from attnbench.core.capabilities import FLA_CORE
 from attnbench.core.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.kernels.triton_ops import REQUIRES, fused_path
 from attnbench.libraries.fla import FORMS
+from attnbench.variants.retention import decode
 from attnbench.variants.retention.chunkwise import chunkwise
 from attnbench.variants.retention.decay import NORMALIZATIONS
 from attnbench.variants.retention.fused import fla_form, triton
@@ -104,6 +105,7 @@ MECHANISM = Mechanism(
     ),
     bidirectional=False,
     flops=flops,
+    decode=decode.DECODE,
     layer=MultiScaleRetention,
     time="O(n chunk d + n d^2)",
     memory="O(n chunk + n d^2 / chunk)",

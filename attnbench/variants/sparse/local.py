@@ -26,6 +26,7 @@ from attnbench.libraries.fla import softmax_attention as fla_softmax
 from attnbench.libraries.local_attention import local_attention
 from attnbench.libraries.xformers import memory_efficient
 from attnbench.variants.sparse.common import band_block, masked_reference, window_count
+from attnbench.variants.sparse.decode import gather_form, local_keys
 from attnbench.variants.sparse.engine import Band, Blocks, Part, ceil_div
 from attnbench.variants.sparse.executor import attend
 from attnbench.variants.sparse.record import sparse_mechanism
@@ -101,4 +102,5 @@ MECHANISM = sparse_mechanism(
             note="xFormers' memory_efficient_attention, LocalAttentionFromBottomRightMask",
         ),
     ),
+    decode=(gather_form(local_keys),),
 )
