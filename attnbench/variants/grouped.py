@@ -18,6 +18,7 @@ from attnbench.core import sources
 from attnbench.core.spec import Mechanism, PathSpec, Shape, positive_int
 from attnbench.kernels.sdpa import backend_path, backend_paths
 from attnbench.variants.dense import causal_mask, softmax_attention
+from attnbench.variants.packed import masked_reference
 from attnbench.variants.softmax_decode import cache_forms
 
 
@@ -33,7 +34,7 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
 
 
 PATHS = (
-    PathSpec("reference", "reference", reference, memory="O(n^2)"),
+    PathSpec("reference", "reference", reference, memory="O(n^2)", varlen=masked_reference),
     PathSpec(
         "efficient",
         "efficient",

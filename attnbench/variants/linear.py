@@ -56,7 +56,7 @@ from attnbench.core.capabilities import FLA_CORE
 from attnbench.core.precision import float32_sums, refuse_overflow
 from attnbench.core.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.kernels import inductor, triton_ops
-from attnbench.libraries import fla
+from attnbench.libraries import fla, fla_varlen
 from attnbench.variants import linear_decode
 from attnbench.variants.chunks import chunked
 
@@ -436,6 +436,7 @@ MECHANISM = Mechanism(
                 memory="O(n d) (chunk: O(n d^2 / 64) states)" if form == "chunk" else "O(n d)",
                 requires=(*triton_ops.REQUIRES, FLA_CORE),
                 note=f"FLA's {form} kernel (fla-core); causal only; its normaliser's eps is 1e-10",
+                varlen=fla_varlen.linear(form, phi),
             )
             for form in fla.FORMS
         ),

@@ -35,6 +35,7 @@ from attnbench.core import sources
 from attnbench.core.capabilities import FLA_CORE
 from attnbench.core.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.kernels.triton_ops import REQUIRES, fused_path
+from attnbench.libraries import fla_varlen
 from attnbench.libraries.fla import FORMS
 from attnbench.variants.retention import decode
 from attnbench.variants.retention.chunkwise import chunkwise
@@ -99,6 +100,7 @@ MECHANISM = Mechanism(
                 memory="O(n d) (chunk: O(n d^2 / 64) states)" if form == "chunk" else "O(n d)",
                 requires=(*REQUIRES, FLA_CORE),
                 note=f"FLA's {form} retention kernel (fla-core); normalize=none only",
+                varlen=fla_varlen.retention(form),
             )
             for form in FORMS
         ),

@@ -22,6 +22,7 @@ from attnbench.core import sources
 from attnbench.core.capabilities import CUDA, FLA_CORE, LOCAL_ATTENTION, XFORMERS
 from attnbench.core.spec import PathSpec, positive_int
 from attnbench.kernels.triton_ops import REQUIRES
+from attnbench.libraries import fla_varlen
 from attnbench.libraries.fla import softmax_attention as fla_softmax
 from attnbench.libraries.local_attention import local_attention
 from attnbench.libraries.xformers import memory_efficient
@@ -92,6 +93,7 @@ MECHANISM = sparse_mechanism(
             memory="O(n * window)",
             requires=(*REQUIRES, FLA_CORE),
             note="FLA's parallel_attn with window_size = window + 1 (fla-core); causal only",
+            varlen=fla_varlen.local,
         ),
         PathSpec(
             "xformers",
