@@ -94,7 +94,7 @@ def no_decode_form(reason: str) -> DecodePath:
         raise AttnbenchError(reason)
 
     return DecodePath(
-        "none",
+        DECODE,
         requires=(Requirement("decode-form", lambda device, backward: reason),),
         prefill=refuse,
         step=refuse,

@@ -13,6 +13,7 @@ divides at each new row's absolute position, so both normalisations decode exact
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -70,6 +71,23 @@ def _finish_at(o: Tensor, normalize: str, heads: int, start: int) -> Tensor:
     return num / den.abs().clamp(min=1.0)
 
 
+@functools.lru_cache(maxsize=64)
+def step_decays(
+    heads: int, tq: int, device: torch.device, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The decays of a step of Tq tokens, made once per shape (a decoder keeps them): inside
+    the block gamma^(a - j) ``[H, Tq, Tq]``; from the state to row a, gamma^(a + 1) ``[H, Tq,
+    1]``; the state's carry gamma^Tq ``[H, 1, 1]``; key j to the block's end ``[H, Tq, 1]``."""
+    a = torch.arange(tq, dtype=torch.float64, device=device)
+    gap = a[:, None] - a[None, :]  # (Tq, Tq)
+    log_g = log_gammas(heads, device)[:, None, None]
+    local = torch.where(gap >= 0, torch.exp(log_g * gap.clamp(min=0)), 0.0).to(dtype)
+    across = _decays(heads, a + 1, dtype)[:, :, None]
+    carry = _decays(heads, a[-1:] + 1, dtype)[:, :, None]
+    to_end = _decays(heads, tq - 1 - a, dtype)[:, :, None]
+    return local, across, carry, to_end
+
+
 def step(
     state: RetentionState, q: Tensor, k: Tensor, v: Tensor, *, normalize: str
 ) -> tuple[Tensor, RetentionState]:
@@ -77,16 +95,11 @@ def step(
     qs, kk, vv = _work(q) / math.sqrt(q.shape[-1]), _work(k), _work(v)
     vv = with_ones(vv) if normalize == "rownorm" else vv
     h, tq = q.shape[1], q.shape[2]
-    a = torch.arange(tq, dtype=torch.float64, device=q.device)
-    gap = a[:, None] - a[None, :]  # (Tq, Tq)
-    local = torch.where(gap >= 0, torch.exp(log_gammas(h, q.device)[:, None, None] *
-                        gap.clamp(min=0)), 0.0).to(qs.dtype)  # fmt: skip
+    local, across, carry, to_end = step_decays(h, tq, q.device, qs.dtype)
     inner = ((qs @ kk.transpose(-2, -1)) * local) @ vv  # (B, H, Tq, Dv')
-    across = (qs * _decays(h, a + 1, qs.dtype)[:, :, None]) @ state.s  # (B, H, Tq, Dv')
-    carry = _decays(h, a[-1:] + 1, qs.dtype)[:, :, None]  # (H, 1, 1): gamma^Tq
-    to_end = _decays(h, tq - 1 - a, qs.dtype)[:, :, None]  # (H, Tq, 1): key j to the end
+    o = inner + (qs * across) @ state.s  # (B, H, Tq, Dv'): inside the block + from the state
     s = state.s * carry + kk.transpose(-2, -1) @ (vv * to_end)  # (B, H, D, Dv')
-    o = _finish_at(inner + across, normalize, h, state.length)
+    o = _finish_at(o, normalize, h, state.length)
     return o.to(q.dtype), RetentionState(state.length + tq, s)
 
 
