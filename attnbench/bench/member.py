@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -27,6 +28,8 @@ class Member:
     mem_fwd: PeakMemory | None = None  # fwdbwd members only, when the run has no fwd direction
     block: int = 1
     samples: list[float] = field(default_factory=list)
+    #: Columns of its row known from the set-up (a decode case's state bytes).
+    values: dict[str, Any] = field(default_factory=dict)
 
 
 def set_up(
