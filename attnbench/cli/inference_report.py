@@ -92,7 +92,14 @@ def inference_json(run: SpeedRun) -> dict[str, Any]:
     from attnbench.bench.inference_summary import decode_rows, fastest_decoder, packed_rows
 
     return {
-        "decode": decode_rows(run.rows, run.exponents),
-        "fastest_decode": fastest_decoder(run.rows),
-        "packed": packed_rows(run.rows),
+        "decode": [_plain(r) for r in decode_rows(run.rows, run.exponents)],
+        "fastest_decode": [_plain(r) for r in fastest_decoder(run.rows)],
+        "packed": [_plain(r) for r in packed_rows(run.rows)],
     }
+
+
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    """JSON values: numpy scalars as Python numbers, a missing number (NaN, NA) as null."""
+    from attnbench.bench.results import plain
+
+    return {key: plain(value) for key, value in row.items()}

@@ -118,6 +118,11 @@ def test_decode_summary_and_exponents(decoded):
                                                              for n in (16, 32, 64)}  # fmt: skip
     cx = pd.read_csv(out / "complexity.csv")
     assert set(cx["query_len"]) == {1, 3}
+    from attnbench.cli.speed_report import summary_json
+
+    data = json.loads(summary_json(run, []))  # NaN-free: missing numbers are null
+    assert {r["impl"] for r in data["decode"]} >= {"softmax:sdpa", "linear:recurrent"}
+    assert data["summary"] == [] and len(data["fastest_decode"]) == 6
 
 
 def test_decode_figures_and_samples(decoded, tmp_path):

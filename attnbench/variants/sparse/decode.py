@@ -98,6 +98,18 @@ def prefill(q: Tensor, k: Tensor, v: Tensor, *, capacity: int) -> KVCache:
     return KVCache.prefill(k, v, capacity)
 
 
+def compact(idx: Tensor) -> Tensor:
+    """Each row's keys first, its -1 padding after, cut to the longest row: a pattern's closed
+    form pads rows to the most keys any position could have (a LongNet branch lists its whole
+    segment), and a gather must read the keys the rows have, not that bound."""
+    valid = idx >= 0
+    width = int(valid.sum(-1).max()) if idx.numel() else 0
+    if width == idx.shape[-1]:
+        return idx
+    order = torch.argsort((~valid).to(torch.int8), dim=-1, stable=True)[:, :width]
+    return idx.gather(-1, order)
+
+
 def gather_step(keys: Keys) -> Callable[..., Any]:
     """A step that gathers each new row's keys and values from the cache and attends to them
     (rows with no key give zeros, as the reference does)."""
@@ -105,11 +117,12 @@ def gather_step(keys: Keys) -> Callable[..., Any]:
     def step(state: KVCache, q: Tensor, k: Tensor, v: Tensor, **params: Any):
         state = state.append(k, v)
         tq = q.shape[2]
-        idx = keys(positions(state.length - tq, tq, q.device), params)  # (Tq, M)
+        idx = compact(keys(positions(state.length - tq, tq, q.device), params))  # (Tq, M)
         valid = idx >= 0
-        at = idx.clamp(min=0)
-        kg = state.k[:, :, at]  # (B, H, Tq, M, D): only the kept keys are read
-        vg = state.v[:, :, at]  # (B, H, Tq, M, Dv)
+        at = idx.clamp(min=0).reshape(-1)  # index_select: 5-7x faster than x[:, :, idx] here
+        b, h, m = q.shape[0], state.k.shape[1], idx.shape[1]
+        kg = state.k.index_select(2, at).view(b, h, tq, m, -1)  # only the kept keys are read
+        vg = state.v.index_select(2, at).view(b, h, tq, m, -1)  # (B, H, Tq, M, Dv)
         scores = (kg @ q[..., :, None]).squeeze(-1) / math.sqrt(q.shape[-1])  # (B, H, Tq, M)
         scores = scores.masked_fill(~valid, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
