@@ -235,12 +235,12 @@ def _check_names(text: SuiteText, suite: SpeedSuite, mechs: Sequence[Mechanism])
             if item == "*":
                 continue
             try:
-                resolve_item(suite, item, mechs)
+                resolve_item(suite, item, mechs, role="exclude" if key == "exclude" else "run")
             except AttnbenchError as e:
                 raise text.error(("grid", key), f"[grid] {key}: {e}") from None
     if suite.reference:
         try:
-            resolve_item(suite, suite.reference, mechs)
+            resolve_item(suite, suite.reference, mechs, role="reference")
         except AttnbenchError as e:
             raise text.error(("grid", "reference"), f"[grid] reference: {e}") from None
 
@@ -322,7 +322,7 @@ def override(
     if reference is not None:
         ref = "" if reference.lower() == "none" else reference
         if ref:
-            resolve_item(suite, ref, mechs)
+            resolve_item(suite, ref, mechs, role="reference")
         changes["reference"] = ref
     if params:
         changes["common_params"] = dict(params)
@@ -378,26 +378,36 @@ def select(
         else:
             add(*resolve_item(suite, item, mechs))
     for item in suite.exclude:
-        mech, path = resolve_item(suite, item, mechs)
+        mech, path = resolve_item(suite, item, mechs, role="exclude")
         for key in [k for k in chosen if k[0] == mech.name and (path is None or k[1] == path.name)]:
             del chosen[key]
     if suite.reference:
-        mech, path = resolve_item(suite, suite.reference, mechs)
+        mech, path = resolve_item(suite, suite.reference, mechs, role="reference")
         path = path or _default(suite, mech)
         chosen.setdefault((mech.name, path.name), (mech, path))
     return list(chosen.values())
 
 
 def resolve_item(
-    suite: SpeedSuite, text: str, mechanisms: Sequence[Mechanism]
+    suite: SpeedSuite, text: str, mechanisms: Sequence[Mechanism], *, role: str = "run"
 ) -> tuple[Mechanism, PathSpec | None]:
     """``NAME`` or ``NAME:PATH`` as the suite means it: a decode form when the suite decodes
-    (``shape.query_lengths``), else a path."""
+    (``shape.query_lengths``), else a path. ``role``: how a decoding suite reads one of the
+    mechanism's paths (a file written for the prefill shape, decoded with ``--set``): as the
+    reference (``reference``), the mechanism's first decode form; as an exclusion
+    (``exclude``), nothing (returned as the mechanism and its path, which no decode case has);
+    a path asked to run is an error naming the decode forms."""
     if not suite.decoding:
         return registry.resolve(text, mechanisms)
-    name, _, path = text.partition(":")
+    name, _, path = (part.strip() for part in text.partition(":"))
     mech, _ = registry.resolve(name, mechanisms)
-    return mech, (mech.decode_path(path.strip()) if path.strip() else None)
+    if path and role != "run" and path in mech.path_names and path not in _decode_names(mech):
+        return mech, (None if role == "reference" else mech.path(path))
+    return mech, (mech.decode_path(path) if path else None)
+
+
+def _decode_names(mech: Mechanism) -> list[str]:
+    return [p.name for p in mech.decode]
 
 
 def _default(suite: SpeedSuite, mech: Mechanism) -> PathSpec:
@@ -414,7 +424,8 @@ def reference_pair(
     """(mechanism name, path name) of the suite's reference, or None."""
     if not suite.reference:
         return None
-    mech, path = resolve_item(suite, suite.reference, list(mechanisms or registry.MECHANISMS))
+    mechs = list(mechanisms or registry.MECHANISMS)
+    mech, path = resolve_item(suite, suite.reference, mechs, role="reference")
     return mech.name, (path or _default(suite, mech)).name
 
 

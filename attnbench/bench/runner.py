@@ -202,16 +202,16 @@ class SweepRunner:
         refs: dict[tuple, Member | None] = {}
         if self.ref is not None:
             ref_impl = f"{self.ref[0]}:{self.ref[1]}"
-            for m in members:  # per direction and packing (a packed batch: the packed ref)
+            for m in members:  # per direction, and a packed batch's packed or padded run
                 if m.case.impl == ref_impl:
-                    refs.setdefault((m.case.direction, m.case.packing), m)
+                    refs.setdefault((m.case.direction, layout(m.case)), m)
         for m in members:
             case = m.case
             t = stats(m.samples)
             other = "fwd" if case.direction == "fwdbwd" else "fwdbwd"
             sibling = by_impl.get((case.variant, other))
             values = measured_values(m, sibling, t)
-            ref = refs.get((case.direction, case.packing))
+            ref = refs.get((case.direction, layout(case)))
             ref_ratios = None
             if ref is not None and len(ref.samples) == len(m.samples):
                 ref_ratios = per_round_ratios(m.samples, ref.samples)
@@ -253,6 +253,14 @@ class SweepRunner:
                 f"{predicted:.2g} s predicted at n={min(longer) if longer else n} "
                 f"(suite limit max_call_s = {limit:g})"
             )
+
+
+def layout(case: Case) -> str | None:
+    """``padded`` or ``packed`` for a packed batch's case (its own entry or the loop alike),
+    None for any other: what a case's reference must share to be timed against it."""
+    if not case.packing:
+        return None
+    return "padded" if case.packing == "padded" else "packed"
 
 
 def measured_values(m: Member, sibling: Member | None, t: Stats) -> dict[str, Any]:

@@ -58,20 +58,28 @@ def print_decode(rows: list[dict[str, Any]], fastest: list[dict[str, Any]]) -> N
 
 
 def print_packed(rows: list[dict[str, Any]]) -> None:
-    """One row per path: packed and padded time at the same tokens, and packing's speed-up."""
+    """One row per path that ran: packed and padded time at the same tokens, and packing's
+    speed-up; the paths that ran neither way folded into one line with their reasons."""
+    lengths = [int(x) for x in str(rows[0]["varlen"]).split("+")]
+    shown = "+".join(map(str, lengths)) if len(lengths) <= 12 else f"{len(lengths)} sequences"
     table = Table(
-        title=f"packed batch ({rows[0]['varlen']} tokens) against padding to the longest",
+        title=f"packed batch ({shown}: {sum(lengths)} tokens) against padding to the longest",
         caption="packed: the sequences end to end (packed-loop: a loop over them); padded: "
         "one row per sequence, each the longest; speed-up: padded / packed, same rounds",
     )
     for name in ("impl", "series", "packing", "packed ms", "padded ms", "speed-up"):
         table.add_column(name, justify="left" if name in ("impl", "packing") else "right")
-    for r in rows:
+    ran = [r for r in rows if "packed_ms" in r or "padded_ms" in r]
+    for r in ran:
         table.add_row(
             _impl(r), r["series"], r["packing"], _num(r.get("packed_ms"), "{:.3g}"),
             _num(r.get("padded_ms"), "{:.3g}"), _num(r.get("speedup"), "{:.2f}x"),
         )  # fmt: skip
-    out.print(table)
+    if ran:
+        out.print(table)
+    never = sorted({f"{r['impl']} ({r.get('reason', '')})" for r in rows if r not in ran})
+    if never:
+        out.print("[dim]no packed row: " + escape("; ".join(never)) + "[/dim]", soft_wrap=True)
 
 
 def print_inference(run: SpeedRun) -> bool:

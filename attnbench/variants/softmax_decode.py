@@ -135,18 +135,11 @@ def tiled_step(state: KVCache, q: Tensor, k: Tensor, v: Tensor, *, tile: int):
 def cache_forms(
     scale: RowScale = inverse_sqrt_d, *, in_float32: bool = False, shared_kv: bool = False
 ) -> tuple[DecodePath, ...]:
-    """The ``plain`` and ``sdpa`` decode forms of a softmax mechanism whose scores are scaled
-    by ``scale``; ``in_float32``: half inputs are computed in float32, as its paths do."""
+    """The ``sdpa`` and ``plain`` decode forms of a softmax mechanism whose scores are scaled
+    by ``scale`` (SDPA first: a decoding suite's reference when it names none);
+    ``in_float32``: half inputs are computed in float32, as its paths do."""
     reads = "the K/V head of each group once" if shared_kv else "every head's K and V"
     return (
-        DecodePath(
-            "plain",
-            prefill=prefill,
-            step=plain_step(scale, in_float32),
-            traffic=cache_traffic,
-            memory="K/V cache O(n d)",
-            note=f"scores against the cache, softmax, times V; reads {reads}",
-        ),
         DecodePath(
             "sdpa",
             prefill=prefill,
@@ -154,6 +147,14 @@ def cache_forms(
             traffic=cache_traffic,
             memory="K/V cache O(n d)",
             note="torch SDPA on the cache" + (" (enable_gqa)" if shared_kv else ""),
+        ),
+        DecodePath(
+            "plain",
+            prefill=prefill,
+            step=plain_step(scale, in_float32),
+            traffic=cache_traffic,
+            memory="K/V cache O(n d)",
+            note=f"scores against the cache, softmax, times V; reads {reads}",
         ),
     )
 

@@ -60,9 +60,14 @@ def test_suite_keys_of_the_inference_shapes(tmp_path):
     bad = parse_settings(["shape.varlen=tokens=10,count=3,seed=0"])
     with pytest.raises(AttnbenchError, match="varlen and query_lengths cannot be combined"):
         load_suite(str(path), settings=bad)
-    path.write_text("[shape]\nquery_lengths = [1]\n")
+    path.write_text('[grid]\nmechanisms = ["softmax:efficient"]\n[shape]\nquery_lengths = [1]\n')
     with pytest.raises(AttnbenchError, match="softmax has no decode form 'efficient'"):
         load_suite(str(path))
+    # a prefill suite decoded with --set: its reference and exclusions name paths; the
+    # reference becomes the mechanism's first decode form, the exclusions exclude nothing
+    speed = load_suite("speed", settings=parse_settings(["shape.query_lengths=1"]))
+    assert reference_pair(speed) == ("softmax", "sdpa")
+    assert ("softmax-logn", "sdpa") in {(m.name, p.name) for m, p in select(speed)}
     path.write_text('[shape]\nvarlen = "5,0"\n')
     with pytest.raises(AttnbenchError, match='accepted: a list of lengths >= 1, "L1,L2'):
         load_suite(str(path))
@@ -185,6 +190,7 @@ def test_packed_batch_runs_packed_and_padded_side_by_side(tmp_path):
     assert (merged["flops"] == merged["flops_pad"]).all()
     assert (merged["flops_executed_pad"] > merged["flops_pad"]).all()
     assert (ok["tokens_per_s"] * ok["time_median_ms"] / 1e3).round().eq(60).all()
+    assert ok["ref_ratio"].notna().all()  # packed against the packed reference, padded padded
     rows = packed_rows(run.rows)
     sdpa = next(r for r in rows if r["impl"] == "softmax:efficient")
     assert sdpa["packing"] == "packed-loop" and sdpa["speedup"] > 0

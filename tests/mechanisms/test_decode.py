@@ -117,7 +117,7 @@ def test_every_mechanism_decodes_or_says_why():
 def test_decode_path_lookup_names_the_forms_or_the_reason():
     softmax = registry.get("softmax")
     assert softmax.decode_path("sdpa").kind == "decode"
-    with pytest.raises(AttnbenchError, match="available: plain, sdpa"):
+    with pytest.raises(AttnbenchError, match="available: sdpa, plain"):
         softmax.decode_path("efficient")
     with pytest.raises(AttnbenchError, match="bigbird has no decode form: .*random blocks"):
         registry.get("bigbird").decode_path("gather")
