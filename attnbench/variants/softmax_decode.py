@@ -11,8 +11,9 @@ FlashInfer, vLLM and flash-attention's ``flash_attn_with_kvcache`` time. The for
 * ``sdpa``: torch's ``scaled_dot_product_attention`` on the cache (``enable_gqa`` when K/V are
   shared); on a GPU its flash or memory-efficient kernel, whichever torch picks.
 * ``tiled`` (flash-tiled): the cache in tiles of ``tile`` keys with an online softmax, the
-  split-KV shape of flash-decoding (Dao et al. 2023, "Flash-Decoding for long-context
-  inference"), in plain torch.
+  split-KV shape of Flash-Decoding (Dao, Haziza, Massa and Sizov 2023, "Flash-Decoding for
+  long-context inference", https://crfm.stanford.edu/2023/10/12/flashdecoding.html), one tile
+  after another in plain torch.
 
 Several new queries at once (Tq > 1) see the keys up to their own position: the causal mask
 aligned to the bottom right of the square. The per-row score factors of softmax-logn
