@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -30,6 +31,8 @@ class Member:
     samples: list[float] = field(default_factory=list)
     graph: bool = False  # timed as replays of a CUDA graph ([timing] graph = true)
     graph_reason: str = ""  # why not, when asked
+    #: Columns of its row known from the set-up (a decode case's state bytes).
+    values: dict[str, Any] = field(default_factory=dict)
 
 
 def set_up(

@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from attnbench.bench.decode_plot import decode_figures, is_decode
 from attnbench.bench.figstyle import figure_keys, file_stem, mechanism_colors, select
 from attnbench.bench.gpu_figure import gpu_figure
 from attnbench.bench.headline import headline_figure
@@ -48,6 +49,15 @@ def plot_results(csv: Path, out_dir: Path | None = None, fmt: str = "png") -> Fi
     _make_dir(out_dir)
     figures = Figures()
     colors = mechanism_colors(df)
+    figures.paths.extend(decode_figures(df, out_dir, fmt, colors, save))
+    packed = df["packing"].fillna("").astype(str) != ""
+    if packed.any():
+        figures.notes.append(
+            "packed batches have no n axis: their speed-up over padding is in the run's summary"
+        )
+    df = df[~is_decode(df) & ~packed]  # the inference shapes have their own figures
+    if df.empty:
+        return figures
     for key in figure_keys(df):
         sub = select(df, key)
         if not (sub["status"] == "ok").any():

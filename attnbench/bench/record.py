@@ -18,6 +18,7 @@ from attnbench.bench.failures import (
     is_sticky_cuda_error,
     one_line,
 )
+from attnbench.bench.inference import case_columns
 from attnbench.bench.plan import Case, Group
 from attnbench.bench.results import (
     COLUMNS,
@@ -89,7 +90,7 @@ class Recorder:
         ``values``."""
         s = case.shape
         try:
-            fc = count_flops(case.mech, s, case.causal, case.params, case.direction)
+            fc = count_flops(case.mech, s, case.causal, case.params, case.direction, case.path)
             flops, method, flops_fa = fc.flops, fc.method, fc.flops_fa
         except Exception as e:  # a bad formula must not stop the sweep; say so in the row
             flops, method, flops_fa = None, f"not counted ({one_line(e, 80)})", None
@@ -121,6 +122,7 @@ class Recorder:
             flops=flops,
             flops_method=method,
             flops_fa=flops_fa,
+            **case_columns(case),
         )
         row.update(values)
         return row

@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path as FilePath
 from typing import Any
 
@@ -235,7 +236,7 @@ def unit_groups(groups: list[Group], unit: Unit, ref: tuple[str, str] | None) ->
         cases = tuple(c for c in g.cases if c.mech.name == unit.mechanism
                       or (ref is not None and (c.mech.name, c.path.name) == ref))  # fmt: skip
         if any(c.mech.name == unit.mechanism for c in cases):
-            out.append(Group(g.dtype, g.head_dim, g.causal, g.seq_len, cases))
+            out.append(replace(g, cases=cases))
     return out
 
 

@@ -11,6 +11,7 @@ from typing import Any, Literal, get_args
 import torch
 
 from attnbench.core.spec import PATH_KINDS, PathKind
+from attnbench.core.varlen import valid_varlen
 from attnbench.measure.gpu_timing import L2_MODES
 from attnbench.measure.timing import CLOCKS, ORDERS
 from attnbench.runtime.schema import Checked, Invalid, above, at_least, setting, within
@@ -98,9 +99,35 @@ class Shape(Checked):
     head_dims: tuple[int, ...] = setting(
         (64,), "head dimensions D (= Dv)", valid=at_least(1), non_empty=True
     )
+    query_lengths: tuple[int, ...] = setting(
+        (),
+        "decoding: new queries per call against a K/V cache or state of each length n "
+        "(`lengths`), each mechanism's decode forms; empty: every query (self-attention)",
+        valid=within(1, MAX_LENGTH),
+    )
+    kv_heads: tuple[int, ...] = setting(
+        (),
+        "K/V heads for the mechanisms that share K/V across query heads and take a `kv_heads` "
+        "parameter (GQA), one case each; empty: the parameter's value",
+        valid=at_least(1),
+    )
+    varlen: Any = setting(
+        "",
+        "a packed batch of sequences of different lengths instead of `lengths`: the lengths "
+        '(`[700, 300, 24]` or `"700,300,24"`), or `"tokens=T,count=N,seed=S"`: N lengths drawn '
+        "with seed S that add up to exactly T; each path runs it packed and padded",
+        accepted='a list of lengths >= 1, "L1,L2,...", or "tokens=T,count=N,seed=S"',
+        valid=valid_varlen,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.varlen not in ("", None, ()) and self.query_lengths:
+            raise Invalid(
+                "varlen",
+                "varlen and query_lengths cannot be combined (a packed batch is the prefill "
+                "shape); accepted: one of them",
+            )
         for head_dim in self.head_dims:
             if self.hidden and self.hidden % head_dim:
                 raise Invalid(
@@ -171,6 +198,12 @@ class Timing(Checked):
         "the roofline's matmul is the largest power-of-two size up to matmul_size whose call "
         "takes at most this long here (seconds; 0: always matmul_size)",
         valid=at_least(0),
+    )
+    copy_mib: int = setting(
+        256,
+        "decoding's memory roofline: a copy of this many MiB (read and written) timed in the "
+        "same rounds as the decode cases; larger than the caches, so it measures memory",
+        valid=at_least(1),
     )
     retain_memory: bool = setting(
         False,

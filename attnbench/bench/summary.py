@@ -60,8 +60,11 @@ HEADLINE = (("fwd", False), ("fwd", True), ("fwdbwd", False), ("fwdbwd", True))
 
 
 def summary_rows(run: SpeedRun) -> list[dict[str, Any]]:
-    """Per mechanism:path, the headline numbers at its largest measured n, and its exponents."""
+    """Per mechanism:path, the headline numbers at its largest measured n, and its exponents
+    (the inference shapes' rows have their own: :mod:`attnbench.bench.inference_summary`)."""
     df = pd.DataFrame(run.rows, columns=list(COLUMNS))
+    inference = df["query_len"].notna() | df["packing"].fillna("").astype(str).ne("")
+    df = df[~inference]
     if df.empty:
         return []
     cx = run.exponents
