@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -12,6 +11,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnbench.bench.thresholds import (
+    MAX_FACTOR,
+    MAX_MEM_SLACK,
+    MAX_MEM_TOLERANCE,
     MEM_SLACK_BYTES,
     MEM_TOLERANCE,
     MEM_TOLERANCE_OTHER,
@@ -59,26 +61,32 @@ OutputFormat = Annotated[
         help="table (for people) or json (the comparison on stdout, messages on stderr).",
     ),
 ]
+FACTOR = f"a factor > 1 and <= {MAX_FACTOR:g}"
+TOLERANCE = f"from 0 to {MAX_MEM_TOLERANCE:g}"
 PValue = Annotated[
-    float, typer.Option(help="With samples: the U test's one-sided p must be below this.")
+    float,
+    typer.Option(help="With samples: the U test's one-sided p must be below this; in (0, 0.5)."),
 ]
 MinEffect = Annotated[
-    float, typer.Option(help="With samples: the ratio of medians must exceed this factor too.")
+    float,
+    typer.Option(help=f"With samples: the ratio of medians must exceed this too; {FACTOR}."),
 ]
 TimeRatio = Annotated[
-    float, typer.Option(help="Without samples: a time ratio to the reference must grow by more.")
+    float,
+    typer.Option(help=f"Without samples: a time ratio must grow by more than this; {FACTOR}."),
 ]
 RefTimeRatio = Annotated[
-    float, typer.Option(help="The reference's own time (x matmul rate) threshold.")
+    float, typer.Option(help=f"The reference's own time (x matmul rate) threshold; {FACTOR}.")
 ]
 MemTolerance = Annotated[
-    float, typer.Option(help="Relative memory tolerance, deterministic methods.")
+    float, typer.Option(help=f"Relative memory tolerance, deterministic methods; {TOLERANCE}.")
 ]
 MemSlack = Annotated[
-    int, typer.Option(help="Absolute memory slack in bytes, deterministic methods.")
+    int, typer.Option(help="Absolute memory slack in bytes, deterministic methods; 0 to 2^40.")
 ]
 MemToleranceOther = Annotated[
-    float, typer.Option(help="Relative memory tolerance, other methods (CUDA allocator).")
+    float,
+    typer.Option(help=f"Relative memory tolerance, other methods (CUDA); {TOLERANCE}."),
 ]
 Separation = Annotated[
     bool,
@@ -89,6 +97,9 @@ Separation = Annotated[
 ]
 ShowAll = Annotated[
     bool, typer.Option("--all", help="Show every compared quantity, not only the changes.")
+]
+Overwrite = Annotated[
+    bool, typer.Option("--overwrite", help="Replace a --markdown file that is already there.")
 ]
 
 
@@ -107,6 +118,7 @@ def compare_cmd(
     mem_tolerance_other: MemToleranceOther = MEM_TOLERANCE_OTHER,
     separation: Separation = True,
     show_all: ShowAll = False,
+    overwrite: Overwrite = False,
 ) -> None:
     """Compare a speed run with a baseline: time as ratio to the reference, FLOPs, memory.
 
@@ -138,7 +150,12 @@ def compare_cmd(
         min_effect=min_effect,
     )
     from attnbench.bench.compare import as_json, compare
+    from attnbench.bench.results import files_read
+    from attnbench.runtime.outputs import refuse_to_replace
 
+    if markdown_file is not None:
+        read = [f for csv in (current, baseline, *(confirm or ())) for f in files_read(csv)]
+        refuse_to_replace([markdown_file], option="--markdown", inputs=read, overwrite=overwrite)
     result = compare(current, baseline, thresholds, confirm or ())
     if markdown_file is not None:
         _write_markdown(markdown_file, result, show_all)
@@ -157,17 +174,18 @@ def _thresholds(**given: Any) -> Thresholds:
     factors = (("--time-ratio", given["time_ratio"]), ("--ref-time-ratio", given["ref_time_ratio"]),
                ("--min-effect", given["min_effect"]))  # fmt: skip
     for name, value in factors:
-        if not value > 1:
-            raise AttnbenchError(f"{name} {value}: accepted: a factor > 1 (e.g. 1.3)")
+        if not 1 < value <= MAX_FACTOR:  # NaN compares false with everything
+            raise AttnbenchError(f"{name} {value}: accepted: {FACTOR} (e.g. 1.3)")
     if not 0 < given["p_value"] < 0.5:
         raise AttnbenchError(f"--p-value {given['p_value']}: accepted: a probability in (0, 0.5)")
     memory = (
-        ("--mem-tolerance", given["mem_tolerance"]),
-        ("--mem-slack", given["mem_slack_bytes"]),
+        ("--mem-tolerance", given["mem_tolerance"], MAX_MEM_TOLERANCE, TOLERANCE),
+        ("--mem-tolerance-other", given["mem_tolerance_other"], MAX_MEM_TOLERANCE, TOLERANCE),
+        ("--mem-slack", given["mem_slack_bytes"], MAX_MEM_SLACK, "from 0 to 2^40"),
     )
-    for name, value in memory:
-        if not (math.isfinite(value) and value >= 0):  # NaN compares false with everything
-            raise AttnbenchError(f"{name} {value}: accepted: a finite number >= 0")
+    for name, value, most, words in memory:
+        if not 0 <= value <= most:  # NaN compares false with everything
+            raise AttnbenchError(f"{name} {value}: accepted: a number {words}")
     from attnbench.bench.compare import Thresholds
 
     return Thresholds(**given)

@@ -30,6 +30,14 @@ Baselines = Annotated[
 PrintClass = Annotated[
     bool, typer.Option("--print-class", help="Print this machine's class, and exit.")
 ]
+Overwrite = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite", help="Replace results in --out (and its -base1... siblings) of another grid."
+    ),
+]
+#: The folders beside --out the gate runs its grids into (the re-run, the measured baseline).
+SIBLINGS = ("", "-rerun", "-base1", "-current1", "-base2", "-current2")
 
 
 def gate_cmd(
@@ -37,6 +45,7 @@ def gate_cmd(
     out_dir: Out = None,
     baselines: Baselines = None,
     print_class: PrintClass = False,
+    overwrite: Overwrite = False,
 ) -> None:
     """Run the CI grid (suites/ci.toml) with this checkout's code and compare it with a baseline.
 
@@ -55,13 +64,20 @@ def gate_cmd(
     (A/A check: [bold]attnbench gate --base HEAD --out runs/aa[/bold])
     """
     from attnbench.bench import gate
+    from attnbench.core.errors import AttnbenchError
 
     if print_class:
         typer.echo(gate.machine_slug())
         raise typer.Exit(0)
+    if base is not None and not base.strip():
+        raise AttnbenchError(
+            f"--base {base!r}: accepted: a git revision (a commit, branch or tag, e.g. HEAD~1)"
+        )
     root = gate.checkout()
+    out = (out_dir or root / "runs" / "ci-speed").resolve()  # the base runs from its worktree
+    _refuse_to_replace(out, overwrite)
     outcome = gate.run_gate(
-        out=(out_dir or root / "runs" / "ci-speed").resolve(),  # the base runs from its worktree
+        out=out,
         baselines=baselines or root / "results" / "baselines",
         base=base,
         root=root,
@@ -70,3 +86,22 @@ def gate_cmd(
     )
     typer.echo(outcome.line)
     raise typer.Exit(outcome.code)
+
+
+def _refuse_to_replace(out: Path, overwrite: bool) -> None:
+    """The gate runs its grid into ``out`` and the folders beside it again and again, replacing
+    its own results; results of another grid there (a speed run given as --out by mistake) are
+    replaced only with --overwrite."""
+    import json
+
+    from attnbench.runtime.outputs import refuse_to_replace
+
+    for folder in (out.with_name(out.name + suffix) for suffix in SIBLINGS):
+        try:
+            sidecar = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+            ours = sidecar["suite"]["name"] == "ci"  # the grid of suites/ci.toml
+        except (OSError, ValueError, KeyError, TypeError):
+            ours = False
+        refuse_to_replace(
+            [folder / "results.csv"], option="--out", folder=folder, overwrite=overwrite or ours
+        )
