@@ -228,9 +228,10 @@ def load_1_5(which: int) -> float | None:
 
 def compare_pair(exe: str, pair_dir: Path) -> tuple[int, dict[str, Any]]:
     """``attnbench compare b a`` through the executable: its exit code and its JSON (kept in
-    compare.json, the markdown in compare.md, the messages in compare.log)."""
+    compare.json, the markdown in compare.md, the messages in compare.log; a pair run again
+    replaces its own)."""
     cmd = [exe, "compare", "b/results.csv", "a/results.csv", "--format", "json",
-           "--markdown", "compare.md"]  # fmt: skip
+           "--markdown", "compare.md", "--overwrite"]  # fmt: skip
     done = subprocess.run(cmd, cwd=pair_dir, capture_output=True, text=True)
     (pair_dir / "compare.log").write_text(done.stderr)
     if done.returncode not in (0, 1, 3):
