@@ -242,7 +242,8 @@ def _too_big(
         f"q and the output of one case alone (batch {suite.batch_for(n)} x heads "
         f"{suite.heads_for(head_dim)} x n {n} x head dim {head_dim}, {itemsize} bytes each)"
     )
-    has = f"of {'GPU ' if device == 'cuda' else ''}memory in all"
+    gpu = device == "cuda" and torch.cuda.is_initialized()  # else RAM: see device_memory_bytes
+    has = "of GPU memory in all" if gpu else "of memory in all"
     return machine.too_big(sizes, need, what, TYPICAL_SIZES, memory, has, share=1.0, sep=" = ")
 
 

@@ -307,6 +307,8 @@ def _refuse_to_replace(opts: RunOptions) -> None:
     refuse_to_replace(
         [opts.out / name for name in (CSV_NAME, SIDECAR_NAME, TABLE_NAME)],
         option="--out", folder=opts.out, overwrite=opts.overwrite,
+        instead=" (and retrain), --resume to continue the run that wrote them, or --eval-only "
+        "to evaluate its checkpoints again",
     )  # fmt: skip
 
 

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from attnbench import registry
 from attnbench.core.errors import AttnbenchError, unknown
 from attnbench.extrapolation.longrange import COPY_LENGTH, DISTANCES
@@ -349,10 +347,10 @@ def _refuse_what_this_machine_cannot_run(text: SuiteText, file: PresetFile) -> N
         raise text.error(("run", "threads"), f"run.threads = {threads}: {refused}")
     sizes = {key: getattr(getattr(file, key.split(".")[0]), key.split(".")[1])
              for key in TRAINING_SIZES}  # fmt: skip
+    # This machine's RAM, also for a GPU run: CUDA is not started to read the GPU's (torchrun's
+    # ranks read the preset before each picks its device), and the estimate is a lower bound
+    # several times below a step's real need: what it refuses no GPU of this machine trains.
     memory = machine.available_memory_bytes()
-    if file.run.device != "cpu" and torch.cuda.is_available():  # a GPU may hold more
-        gpu = machine.device_memory_bytes(torch.device("cuda"))
-        memory = max(memory or 0, gpu or 0) or None
     found = machine.too_big(
         sizes, training_bytes, "a training step holds at least its weights, their gradients, "
         "AdamW's moments and per block activations of batch x train_len tokens",

@@ -158,9 +158,12 @@ def byte_size(count: float) -> str:
 
 
 def device_memory_bytes(device: torch.device) -> int | None:
-    """The total memory of ``device``: the GPU's for CUDA, this machine's RAM otherwise (None
-    when it cannot be read)."""
-    if device.type == "cuda":
+    """The total memory of ``device`` (None when it cannot be read): the GPU's once CUDA is
+    started in this process; before, this machine's RAM stands in for it, since starting CUDA
+    only to size a request would hold a context on the GPU in a process that may never use it
+    (a sweep's driver, torchrun's ranks before each picks its device). A stand-in is enough for
+    what it decides: a request no machine holds at all."""
+    if device.type == "cuda" and torch.cuda.is_initialized():
         try:
             return int(torch.cuda.get_device_properties(device).total_memory)
         except (RuntimeError, AssertionError):  # no driver, another process's device...

@@ -116,6 +116,7 @@ def refuse_to_replace(
     inputs: Iterable[Path | str] = (),
     overwrite: bool = False,
     folder: Path | str | None = None,
+    instead: str = "",
 ) -> None:
     """The one rule of every command that writes, applied before it writes anything: refuse,
     in one line (an AttnbenchError: exit code 2 from the CLI), to write one of ``targets``
@@ -129,7 +130,8 @@ def refuse_to_replace(
 
     ``option`` names where the targets come from (``--out``, ``--markdown``); ``folder``: the
     targets are files in that folder (said as ``--out X already holds a.csv, b.json``), else
-    each target is the file the option names."""
+    each target is the file the option names. ``instead``: the command's other ways on, said
+    after ``--overwrite`` (``, or --resume to continue them``)."""
     targets = [Path(t) for t in targets]
     for target in targets:
         for given in inputs:
@@ -147,13 +149,13 @@ def refuse_to_replace(
     if folder is None:
         raise AttnbenchError(
             f"{option} {there[0]} already exists; choose another file or pass --overwrite to "
-            "replace it"
+            f"replace it{instead}"
         )
     names = ", ".join(_relative(t, Path(folder)) for t in there[:3])
     more = f" and {len(there) - 3} more" if len(there) > 3 else ""
     raise AttnbenchError(
         f"{option} {folder} already holds {names}{more}; choose another folder or pass "
-        "--overwrite to replace them"
+        f"--overwrite to replace them{instead}"
     )
 
 
