@@ -132,10 +132,10 @@ def refuse_to_replace(
     targets are files in that folder (said as ``--out X already holds a.csv, b.json``), else
     each target is the file the option names. ``instead``: the command's other ways on, said
     after ``--overwrite`` (``, or --resume to continue them``)."""
-    targets = [Path(t) for t in targets]
+    targets, inputs = [Path(t) for t in targets], [Path(i) for i in inputs]
     for target in targets:
         for given in inputs:
-            if _same_file(target, Path(given)):
+            if _same_file(target, given):
                 shown = target if folder is None else f"{folder} (its {target.name})"
                 raise AttnbenchError(
                     f"{option} {shown} is the input {given}; writing there would replace what "
