@@ -10,7 +10,6 @@ them) and path kinds, never special cases.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -18,7 +17,14 @@ from typing import Any
 import torch
 
 from attnbench import registry
-from attnbench.bench.suite_keys import DEVICES, DIRECTIONS, DTYPES, MAX_LENGTH, SuiteFile
+from attnbench.bench.suite_keys import (
+    DEVICES,
+    DIRECTIONS,
+    DTYPES,
+    MAX_LENGTH,
+    MAX_ROUNDS,
+    SuiteFile,
+)
 from attnbench.core.decode import no_decode_form
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.spec import PATH_KINDS, Mechanism, PathSpec
@@ -82,7 +88,7 @@ class SpeedSuite:
     def thread_count(self) -> int:
         if self.threads:
             return self.threads
-        cores = os.cpu_count() or 1
+        cores = machine.usable_cores()  # the cores this process may run on
         return min(cores, self.max_threads) if self.max_threads else cores
 
     def batch_for(self, n: int) -> int:
@@ -221,6 +227,9 @@ def parse_suite(text: SuiteText, mechanisms: Sequence[Mechanism] | None = None) 
         params={k: dict(v) for k, v in file.params.items()},
     )
     _check_names(text, suite, mechs)
+    problem = machine_problem(suite)
+    if problem is not None:
+        raise text.error(*problem)
     return suite
 
 
@@ -229,6 +238,64 @@ def _varlen_text(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return ",".join(map(str, value))
     return str(value or "")
+
+
+#: The typical value of each size of a case (as the suite's key): the size furthest above its
+#: value is the one a refusal names.
+TYPICAL_SIZES = {"shape.batch": 1, "shape.tokens": 16384, "shape.heads": 4,
+                 "shape.hidden": 2048, "shape.head_dims": 64, "grid.lengths": 1024}  # fmt: skip
+
+
+def machine_problem(suite: SpeedSuite) -> tuple[tuple[str, ...], str] | None:
+    """What this machine cannot run at all, as (the suite key to point at, one line), else None:
+    more threads than its cores, or a case whose q and output alone exceed the device's whole
+    memory (an impossible request; a case that fits but runs out of memory is an ``oom``
+    row). Checked when a suite is read and again after the command-line options."""
+    refused = machine.threads_refused(suite.threads)
+    if refused:
+        return ("timing", "threads"), f"timing.threads = {suite.threads}: {refused}"
+    device = _device_to_size(suite)
+    memory = machine.device_memory_bytes(device) if device is not None else None
+    if not memory:
+        return None
+    n = max(suite.lengths)
+    for dtype in suite.torch_dtypes():
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        for head_dim in suite.head_dims:
+            found = _too_big(suite, n, head_dim, itemsize, memory, device.type)
+            if found is not None:
+                return tuple(found[0].split(".")), found[1]
+    return None
+
+
+def _too_big(
+    suite: SpeedSuite, n: int, head_dim: int, itemsize: int, memory: int, device: str
+) -> tuple[str, str] | None:
+    """:func:`machine_problem`'s memory check of the cases of length ``n`` and ``head_dim``."""
+    batch = ("shape.tokens", suite.tokens) if suite.tokens else ("shape.batch", suite.batch)
+    heads = ("shape.hidden", suite.hidden) if suite.hidden else ("shape.heads", suite.heads)
+    sizes = dict([batch, heads, ("shape.head_dims", head_dim), ("grid.lengths", n)])
+
+    def need(s: dict[str, int]) -> float:
+        b = max(1, s["shape.tokens"] // s["grid.lengths"]) if suite.tokens else s["shape.batch"]
+        h = s["shape.hidden"] // s["shape.head_dims"] if suite.hidden else s["shape.heads"]
+        return 2.0 * itemsize * b * h * s["grid.lengths"] * s["shape.head_dims"]
+
+    what = (
+        f"q and the output of one case alone (batch {suite.batch_for(n)} x heads "
+        f"{suite.heads_for(head_dim)} x n {n} x head dim {head_dim}, {itemsize} bytes each)"
+    )
+    gpu = device == "cuda" and torch.cuda.is_initialized()  # else RAM: see device_memory_bytes
+    has = "of GPU memory in all" if gpu else "of memory in all"
+    return machine.too_big(sizes, need, what, TYPICAL_SIZES, memory, has, share=1.0, sep=" = ")
+
+
+def _device_to_size(suite: SpeedSuite) -> torch.device | None:
+    """The device the suite runs on, when it can be known here (a CUDA suite planned on a machine
+    without a GPU, ``--list-units`` on a login node, is sized where it runs)."""
+    if suite.device == "cuda" and not torch.cuda.is_available():
+        return None
+    return suite.torch_device()
 
 
 def _check_params(text: SuiteText, params: Mapping[str, Any], mechs: Sequence[Mechanism]) -> None:
@@ -326,8 +393,8 @@ def override(
             raise AttnbenchError(f"--threads {threads}: accepted: an integer >= 0 (0: all cores)")
         changes["threads"] = threads
     if rounds is not None:
-        if rounds < 1:
-            raise AttnbenchError(f"--rounds {rounds}: accepted: an integer >= 1")
+        if not 1 <= rounds <= MAX_ROUNDS:
+            raise AttnbenchError(f"--rounds {rounds}: accepted: an integer from 1 to {MAX_ROUNDS}")
         changes["timing"] = replace(
             suite.timing, rounds=rounds, min_rounds=min(rounds, suite.timing.min_rounds)
         )
@@ -348,6 +415,8 @@ def override(
     refused = gpu_only_options(out.timing, device)
     if refused:
         raise AttnbenchError(refused)
+    if any(x is not None for x in (lengths, device, dtype, threads)):
+        _refuse_what_this_machine_cannot_run(out, lengths, device, dtype, threads)
     selected = select(out, mechs)
     for key in out.common_params:
         if not any(key in m.param_names for m, _ in selected):
@@ -356,6 +425,22 @@ def override(
                 "see `attnbench list` for each mechanism's parameters"
             )
     return out
+
+
+def _refuse_what_this_machine_cannot_run(
+    suite: SpeedSuite, lengths: str | None, device: str | None, dtype: str | None,
+    threads: int | None,
+) -> None:  # fmt: skip
+    """:func:`machine_problem` of the suite with the command-line options applied (the file's
+    own values were checked when it was read), naming the options."""
+    problem = machine_problem(suite)
+    if problem is None:
+        return
+    if problem[0] == ("timing", "threads") and threads is not None:
+        raise AttnbenchError(f"--threads {threads}: {problem[1]}")
+    options = (("lengths", lengths), ("dtype", dtype), ("device", device))
+    given = [f"--{name} {value}" for name, value in options if value is not None]
+    raise AttnbenchError(f"{', '.join(given) or 'the options given'}: {problem[1]}")
 
 
 def resolve_device(name: str) -> torch.device:

@@ -39,18 +39,23 @@ def _reference(df: pd.DataFrame) -> tuple[str, str]:
     return mech, path
 
 
-def decode_figures(df: pd.DataFrame, out_dir: Path, fmt: str, colors, save) -> list[Path]:
-    """Every decode figure of ``df``'s decode rows, saved with ``save(fig, path)``."""
+def decode_groups(df: pd.DataFrame, out_dir: Path, fmt: str):
+    """Each decode figure ``df`` has, as (query length, its rows, the file it goes to)."""
     rows = df[is_decode(df)]
-    paths = []
     settings = ["query_len", "direction", "causal", "device", "dtype", "head_dim"]
     for key, sub in rows.groupby(settings, sort=True):
         if not (sub["status"] == "ok").any():
             continue
         stem = file_stem(rows, key[1:]).removeprefix("fwd-causal").lstrip("-")
         name = f"decode-time-q{int(key[0])}" + (f"-{stem}" if stem else "")
-        path = out_dir / f"{name}.{fmt}"
-        queries = "1 new query" if key[0] == 1 else f"{int(key[0])} new queries"
+        yield int(key[0]), sub, out_dir / f"{name}.{fmt}"
+
+
+def decode_figures(df: pd.DataFrame, out_dir: Path, fmt: str, colors, save) -> list[Path]:
+    """Every decode figure of ``df``'s decode rows, saved with ``save(fig, path)``."""
+    paths = []
+    for query_len, sub, path in decode_groups(df, out_dir, fmt):
+        queries = "1 new query" if query_len == 1 else f"{query_len} new queries"
         metric = replace(DECODE_TIME, title=f"Decoding, {queries} a call: time per new token")
         fig = family_figure(sub, metric, colors, reference_impl=_reference(sub))
         save(fig, path)

@@ -40,7 +40,7 @@ from attnbench.bench.units import (
     write_plan,
 )
 from attnbench.core.errors import AttnbenchError
-from attnbench.runtime.outputs import write_csv, write_text
+from attnbench.runtime.outputs import refuse_to_replace, write_csv, write_text
 from attnbench.runtime.portable import portable
 
 EXTRAPOLATE_HINT = (
@@ -110,12 +110,19 @@ def _check_mixed(taken: dict[str, tuple[Path, dict]], allow_mixed: bool) -> list
 
 
 def merge_runs(folders: Sequence[Path], out: Path, *, allow_mixed: bool = False,
-               command: str = "attnbench merge") -> SpeedRun:  # fmt: skip
-    """Merge ``folders`` into ``out``; returns a :class:`~attnbench.bench.summary.SpeedRun`."""
+               command: str = "attnbench merge", overwrite: bool = False) -> SpeedRun:  # fmt: skip
+    """Merge ``folders`` into ``out``; returns a :class:`~attnbench.bench.summary.SpeedRun`.
+    Results already in ``out`` are replaced only when they are this sweep's (``out`` holds its
+    plan: a merge again, as more shards finish) or with ``overwrite``."""
     if not folders:
         raise AttnbenchError("merge: name at least one folder")
     folders = [Path(f) for f in folders]
     doc = _same_plan(folders)
+    ours = (out / PLAN_NAME).is_file() and _plan_of(out) == doc
+    refuse_to_replace(
+        [out / name for name in (CSV_NAME, SAMPLES_NAME, COMPLEXITY_NAME, SIDECAR_NAME)],
+        option="--out", folder=out, overwrite=overwrite or ours,
+    )  # fmt: skip
     units = [Unit.from_plain(u) for u in doc["units"]]
     taken = _best_records(folders, units)
     mixed = _check_mixed(taken, allow_mixed)

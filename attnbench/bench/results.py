@@ -238,9 +238,10 @@ class ResultsWriter:
         if append:
             cut_unterminated_line(path)
             _widen_older_header(path)
-        self._file = LineFile(path, append)
-        if not append:
-            self._file.write(_csv_line(COLUMNS))
+        else:  # the header whole or not at all: a full disk leaves no empty results file
+            with atomic_open(path, "w", encoding="utf-8", newline="") as f:
+                f.write(_csv_line(COLUMNS))
+        self._file = LineFile(path, append=True)
         self.rows = 0
 
     def write(self, row: Mapping[str, Any]) -> None:
@@ -302,6 +303,12 @@ def row_key(row: Mapping[str, Any]) -> tuple[str, ...]:
 
 def sidecar_path(csv_path: Path) -> Path:
     return csv_path.with_suffix(".json")
+
+
+def files_read(csv_path: Path) -> list[Path]:
+    """The files a command reading the results CSV ``csv_path`` reads: the CSV, its sidecar and
+    its samples file (what none of its outputs may be written over)."""
+    return [csv_path, sidecar_path(csv_path), csv_path.parent / SAMPLES_NAME]
 
 
 def read_sidecar(csv_path: Path) -> dict[str, Any] | None:

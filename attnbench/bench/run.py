@@ -31,6 +31,8 @@ run in a few numbers). This module puts them together: :func:`run_speed`.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -76,13 +78,19 @@ from attnbench.core.spec import Mechanism
 from attnbench.measure import machine
 from attnbench.measure.gpu_timing import gpu_only_options, make_clock
 from attnbench.measure.timing import retain_freed_memory
-from attnbench.runtime.outputs import ensure_dir, write_csv
+from attnbench.runtime.outputs import ensure_dir, os_error_words, refuse_to_replace, write_csv
 from attnbench.runtime.progress import Progress, Silent
+from attnbench.runtime.schema import key_difference
 from attnbench.runtime.warning_log import WarningLog
 
 
 def prepare_out_dir(out: FilePath, overwrite: bool) -> None:
-    """Create ``out`` and make sure it can be written; never clobber results unless told."""
+    """Create ``out`` and make sure it can be written; never clobber results unless told
+    (:func:`~attnbench.runtime.outputs.refuse_to_replace`, the rule of every command)."""
+    refuse_to_replace(
+        [out / CSV_NAME, out / SAMPLES_NAME, out / COMPLEXITY_NAME],
+        option="--out", folder=out, overwrite=overwrite,
+    )  # fmt: skip
     ensure_dir(out, "--out folder")
     try:
         probe = out / ".attnbench-write-test"
@@ -90,12 +98,8 @@ def prepare_out_dir(out: FilePath, overwrite: bool) -> None:
         probe.unlink()
     except OSError as e:
         raise AttnbenchError(
-            f"--out {out}: cannot write there ({e.strerror or e}); choose a writable directory"
+            f"--out {out}: cannot write there ({os_error_words(e)}); choose a writable folder"
         ) from None
-    if (out / CSV_NAME).exists() and not overwrite:
-        raise AttnbenchError(
-            f"--out {out} already holds {CSV_NAME}; choose another directory or pass --overwrite"
-        )
 
 
 def run_speed(
@@ -125,7 +129,10 @@ def run_speed(
         groups = unit_groups(groups, unit, ref)
     csv_path, side_path = out_dir / CSV_NAME, out_dir / SIDECAR_NAME
     previous = _previous_rows(csv_path) if resume else []
+    if previous:
+        refuse_other_settings(out_dir, suite, previous)
     prepare_out_dir(out_dir, overwrite or resume)
+    new_files = [p for p in (csv_path, side_path, out_dir / SAMPLES_NAME) if not p.exists()]
     retained = retain_freed_memory() if suite.timing.retain_memory else False
     threads_before = torch.get_num_threads()
     threads = suite.thread_count()
@@ -135,9 +142,14 @@ def run_speed(
     watch = machine.LoadWatch(busy_threads).start()
     before = load_warnings(watch, threads, busy_threads)
     sidecar = start_sidecar(suite, device, threads, command, retained, watch, before)
-    write_json(side_path, sidecar)
-    writer = ResultsWriter(csv_path, append=bool(previous))
-    samples_writer = SamplesWriter(out_dir / SAMPLES_NAME, append=bool(previous))
+    try:
+        write_json(side_path, sidecar)
+        writer, samples_writer = _open_writers(out_dir, bool(previous))
+    except BaseException:  # a full disk: no file of this run is left behind, and no thread
+        torch.set_num_threads(threads_before)
+        watch.stop()
+        _remove(new_files)
+        raise
     clock = make_clock(device, suite.timing)
     book = Recorder(suite, writer, samples_writer, progress, threads=threads, clock=clock.name,
                     device_name=machine.device_name(device),
@@ -158,12 +170,18 @@ def run_speed(
         # autotuning said as it happens
         with caught, autotune_notes(device, progress.note):
             interrupted = runner.run()
+    except BaseException:  # e.g. a full disk at the first row: no empty results file is kept
+        new_files = new_files if writer.rows == 0 and not previous else []
+        raise
+    else:
+        new_files = []
     finally:
         writer.close()
         samples_writer.close()
         torch.set_num_threads(threads_before)
         load = watch.stop()
         progress.finish()
+        _remove(new_files)
     wall = time.perf_counter() - started
     sidecar["torch_warnings"] = caught.summary()
     run = _finish(suite, runner, out_dir, sidecar, interrupted, wall, load, before, busy_threads)
@@ -181,6 +199,25 @@ def run_title(suite: SpeedSuite, device: torch.device, threads: int) -> str:
         why = " (the suite's max_threads)" if not suite.threads else ""
         title += f", {threads} thread{'s' * (threads > 1)} of {cores} cores{why}"
     return title
+
+
+def _open_writers(out_dir: FilePath, append: bool) -> tuple[ResultsWriter, SamplesWriter]:
+    """The results file (a new one starts with its header, written whole or not at all) and the
+    samples file, open for rows; the first closed again when the second cannot be opened."""
+    writer = ResultsWriter(out_dir / CSV_NAME, append=append)
+    try:
+        return writer, SamplesWriter(out_dir / SAMPLES_NAME, append=append)
+    except BaseException:
+        writer.close()
+        raise
+
+
+def _remove(paths: Sequence[FilePath]) -> None:
+    """The files a run made before it failed without a row (its sidecar, a results file with
+    a header alone, an empty samples file): removed, so that no empty results file is left."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            path.unlink()
 
 
 def _finish(
@@ -238,6 +275,30 @@ def unit_groups(groups: list[Group], unit: Unit, ref: tuple[str, str] | None) ->
         if any(c.mech.name == unit.mechanism for c in cases):
             out.append(replace(g, cases=cases))
     return out
+
+
+#: Settings a resumed run may differ in: they do not change what a row means.
+NOT_COMPARED = ("description", "file", "sha256")
+
+
+def refuse_other_settings(out: FilePath, suite: SpeedSuite, previous: list[dict[str, Any]]) -> None:
+    """``--resume`` continues the run in ``out`` only with the settings it was started with (its
+    sidecar's suite): rows of two suites, or timed two ways, in one results.csv would compare
+    like with unlike. Refused with the keys that differ, as a resumed training is."""
+    wanted = {k: v for k, v in suite.settings().items() if k not in NOT_COMPARED}
+    try:
+        sidecar = json.loads((out / SIDECAR_NAME).read_text(encoding="utf-8"))
+        saved = {k: v for k, v in sidecar["suite"].items() if k not in NOT_COMPARED}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # none, or not readable
+        names = sorted({str(r.get("suite")) for r in previous} - {suite.name})
+        saved = {**wanted, "name": names[0]} if names else wanted
+    diff = key_difference(json.loads(json.dumps(saved, default=str)),
+                          json.loads(json.dumps(wanted, default=str)))  # fmt: skip
+    if diff:
+        raise AttnbenchError(
+            f"--resume: {out} holds a run with other settings ({diff}); resume with the same "
+            "suite and options, or choose another --out (or --overwrite instead of --resume)"
+        )
 
 
 def _previous_rows(csv_path: FilePath) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from attnbench.core.spec import PATH_KINDS, PathKind
 from attnbench.core.varlen import valid_varlen
 from attnbench.measure.gpu_timing import L2_MODES
 from attnbench.measure.timing import CLOCKS, ORDERS
-from attnbench.runtime.schema import Checked, Invalid, above, at_least, setting, within
+from attnbench.runtime.schema import Checked, Invalid, Rule, at_least, setting, within
 
 Device = Literal["auto", "cpu", "cuda"]
 Direction = Literal["fwd", "fwdbwd"]
@@ -39,6 +39,10 @@ DTYPES: dict[str, torch.dtype] = {
 #: The longest sequence a sweep accepts: 2^31 - 1, the int32 index range of the kernels (and far
 #: beyond any machine's memory at any head dim); a longer one overflows tensor creation.
 MAX_LENGTH = 2**31 - 1
+#: Timed rounds at most; and the longest a duration setting may be (seconds): a day for a
+#: group's or a call's time budget, a minute for a warm-up, a sample or the matmul's call.
+MAX_ROUNDS = 10_000
+DAY_S, MINUTE_S = 86_400, 60
 
 
 @dataclass(frozen=True)
@@ -146,14 +150,14 @@ class Limits(Checked):
         "longest n per path kind, e.g. `{ reference = 1024 }` (dense n x n oracles); "
         "an explicit `--lengths` lifts these",
         accepted="a table from path kinds (reference, efficient, fused) to integers >= 1",
-        valid=at_least(1),
+        valid=within(1, MAX_LENGTH),
     )
     max_call_s: float = setting(
         0.0,
         "when one call of a case takes longer than this (seconds), or the next length's call "
         "is predicted to (time x (n'/n)^2), its longer lengths are skipped with a row saying "
         "so; 0: no limit",
-        valid=at_least(0),
+        valid=within(0, DAY_S),
     )
 
 
@@ -172,32 +176,32 @@ class Timing(Checked):
         valid=at_least(0),
     )
     warmup_calls: int = setting(
-        2, "untimed calls at least (the first compiles/autotunes)", valid=at_least(1)
+        2, "untimed calls at least (the first compiles/autotunes)", valid=within(1, MAX_ROUNDS)
     )
-    warmup_s: float = setting(0.05, "and untimed seconds at least", valid=at_least(0))
+    warmup_s: float = setting(0.05, "and untimed seconds at least", valid=within(0, MINUTE_S))
     rounds: int = setting(
-        5, "timed rounds at most (one sample per case a round)", valid=at_least(1)
+        5, "timed rounds at most (one sample per case a round)", valid=within(1, MAX_ROUNDS)
     )
-    min_rounds: int = setting(3, "timed rounds at least", valid=at_least(1))
+    min_rounds: int = setting(3, "timed rounds at least", valid=within(1, MAX_ROUNDS))
     block_s: float = setting(
-        0.005, "a sample averages enough calls to last this long", valid=at_least(0)
+        0.005, "a sample averages enough calls to last this long", valid=within(0, MINUTE_S)
     )
     group_budget_s: float = setting(
         4.0,
         "timed rounds stop once one length's group has taken this long (seconds; after "
         "min_rounds, before rounds)",
-        valid=above(0),
+        valid=Rule(lambda x: 0 < x <= DAY_S, f"> 0 and at most {DAY_S}"),
     )
     matmul_size: int = setting(
         2048,
         "size of the square matmul timed for the roofline (at most: see matmul_max_s)",
-        valid=at_least(1),
+        valid=within(1, 65_536),
     )
     matmul_max_s: float = setting(
         1.0,
         "the roofline's matmul is the largest power-of-two size up to matmul_size whose call "
         "takes at most this long here (seconds; 0: always matmul_size)",
-        valid=at_least(0),
+        valid=within(0, MINUTE_S),
     )
     copy_mib: int = setting(
         256,

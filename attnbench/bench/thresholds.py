@@ -54,6 +54,12 @@ MEM_SLACK_BYTES = 64 * 1024
 #: Memory from a method that is not deterministic (e.g. the CUDA allocator's peak).
 MEM_TOLERANCE_OTHER = 0.10
 DETERMINISTIC_MEMORY = ("dispatch-live-bytes",)
+#: The ranges ``compare`` accepts (stated in its --help): a factor threshold above 100x, a
+#: relative memory tolerance above 10 (1000 %) or a slack above 1 TiB would let any regression
+#: through, so a value beyond them is a typo, refused.
+MAX_FACTOR = 100.0
+MAX_MEM_TOLERANCE = 10.0
+MAX_MEM_SLACK = 2**40
 #: The metric of the reference's own time (its ratio to itself is 1).
 WORK_METRIC = "time x matmul rate"
 #: What must agree for two runs to be made for comparing (else: wider thresholds).

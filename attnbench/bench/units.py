@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.runtime.outputs import private_name, write_text
+from attnbench.runtime.schema import key_difference
 from attnbench.runtime.units import Unit as RuntimeUnit
 
 PLAN_NAME = "plan.json"
@@ -158,9 +159,10 @@ def write_plan(out: Path, document: dict[str, Any]) -> None:
     if path.is_file():
         old = read_plan(path)
         if old["units"] != document["units"] or old["suite"] != document["suite"]:
+            diff = key_difference(old["suite"], document["suite"]) or "other units (registry)"
             raise AttnbenchError(
-                f"{path} holds the plan of another sweep (other suite, options or registry); "
-                "use another --out, or remove that folder"
+                f"{path} holds the plan of another sweep ({diff}); use the same suite and "
+                "options, another --out, or remove that folder"
             )
         return
     write_json_atomic(path, document)

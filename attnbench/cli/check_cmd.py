@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -15,6 +17,9 @@ if TYPE_CHECKING:
     from attnbench.core.spec import Mechanism, PathSpec, Shape
 
 # torch and the registry are imported inside the command: `--help` must not wait for them.
+
+#: The largest seed a random generator takes (torch.manual_seed: a 64-bit integer).
+SEED_MAX = 2**63 - 1
 
 
 class Dtype(Choice):
@@ -60,7 +65,7 @@ def check(
     device: Annotated[Device, typer.Option(help="Where to run (fused paths need cuda).")] = (
         Device.cpu
     ),
-    seed: Annotated[int, typer.Option(help="Seed of the random inputs.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the random inputs, 0 to 2^63-1.")] = 0,
 ) -> None:
     """Check every faster path of a mechanism against its dense reference.
 
@@ -78,6 +83,8 @@ def check(
     from attnbench.core.inputs import make_inputs
     from attnbench.core.spec import Shape
 
+    if not 0 <= seed <= SEED_MAX:
+        raise AttnbenchError(f"--seed {seed}: accepted: an integer from 0 to 2^63-1")
     mech = registry.get(name)
     params = mech.resolve(parse_params(param))
     device_name, torch_dtype = device.value, getattr(torch, dtype.value)
@@ -87,9 +94,10 @@ def check(
     if problems:
         raise AttnbenchError(f"{'; '.join(problems)}; {'drop' if causal else 'add'} --causal")
     paths = paths_to_check(mech, path, device_name, torch_dtype)
-    shape = mech.shape_for(Shape(batch, heads, n, head_dim), params)
+    shape = Shape(batch, heads, n, head_dim)
     if device is Device.cpu:
-        refuse_if_too_big(shape)
+        refuse_if_too_big(mech, shape, parse_params(param))
+    shape = mech.shape_for(shape, params)
     inputs = make_inputs(mech, shape, params, dtype=torch_dtype, device=device_name, seed=seed)
     check_tensors(mech, inputs["q"], inputs["k"], inputs["v"])
     direction = "causal" if causal else "bidirectional"
@@ -177,17 +185,42 @@ def check_path(
 #: Dense n x n float64 tensors alive at once in the reference's forward and backward (scores,
 #: probabilities, their gradients): what ``check`` needs memory for.
 DENSE_COPIES = 4
+#: float64 copies of every input alive at once: the input, its gradient, the float64 draw it is
+#: made from (:func:`attnbench.core.inputs.make_inputs`).
+INPUT_COPIES = 3
+#: Each size's default, against which ``refuse_if_too_big`` finds the one to blame.
+DEFAULT_SIZES = {"--n": 97, "--batch": 2, "--heads": 4, "--head-dim": 32}
 
 
-def refuse_if_too_big(shape: Shape) -> None:
-    """The float64 oracle builds B x H x n x n; refuse, with what fits, before allocating it."""
+def refuse_if_too_big(mech: Mechanism, shape: Shape, given: dict[str, str]) -> None:
+    """The float64 oracle builds B x H x n x n scores, and the inputs (q, k, v and the
+    mechanism's own, whose size a parameter may set: a window, an expansion) are drawn in
+    float64: refuse, naming the size or ``--param`` to bring down and how far, before any of
+    it is allocated."""
+    from attnbench.core.inputs import input_elements
+    from attnbench.core.spec import Shape
     from attnbench.measure import machine
 
-    per_square = DENSE_COPIES * 8 * shape.batch * shape.heads  # bytes per (query, key) pair
-    machine.refuse_if_too_big(
-        "--n",
-        shape.seq_len,
-        lambda n: per_square * n**2,
-        "the dense float64 reference builds batch x heads x n x n scores (with its backward)",
-        " (or fewer --heads / --batch)",
-    )
+    numeric = {f"--param {k}": int(v) for k, v in given.items() if v.strip().isdigit()}
+
+    def need(s: dict[str, int]) -> float:
+        values = {**given, **{k.removeprefix("--param "): str(v) for k, v in s.items()
+                              if k.startswith("--param ")}}  # fmt: skip
+        asked = Shape(s["--batch"], s["--heads"], s["--n"], s["--head-dim"])
+        try:
+            params = mech.resolve(values)
+            case = mech.shape_for(asked, params)
+            inputs = input_elements(mech, case, params)
+        except (AttnbenchError, ValueError, TypeError):  # a value the mechanism refuses
+            return math.inf
+        pairs = case.batch * case.heads * case.seq_len * case.seq_len
+        return 8.0 * (DENSE_COPIES * pairs + INPUT_COPIES * inputs)
+
+    sizes = {"--n": shape.seq_len, "--batch": shape.batch, "--heads": shape.heads,
+             "--head-dim": shape.head_dim, **numeric}  # fmt: skip
+    found = machine.too_big(
+        sizes, need, "the dense float64 reference builds batch x heads x n x n scores and the "
+        "inputs (with their backward)", {**DEFAULT_SIZES, **{k: 1 for k in numeric}},
+    )  # fmt: skip
+    if found is not None:  # --param NAME=VALUE, as it was given
+        raise AttnbenchError(re.sub(r"^(--param \S+) ", r"\1=", found[1]))

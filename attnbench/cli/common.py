@@ -17,6 +17,7 @@ from typer.core import TyperGroup
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.runtime.interrupts import Stopped
+from attnbench.runtime.outputs import os_error_words
 
 #: Data goes to stdout (the terminal's width; when piped, $COLUMNS or 120); messages to stderr.
 out = Console() if sys.stdout.isatty() else Console(width=int(os.environ.get("COLUMNS") or 120))
@@ -123,8 +124,9 @@ def _given_value(e: typer.BadParameter) -> object:
 
 
 def os_error_line(e: OSError) -> str:
-    """``cannot write runs/x/results.csv: No space left on device`` from any OSError."""
-    what = e.strerror or str(e) or type(e).__name__
+    """``runs/x/results.csv: No space left on device`` from any OSError, naming the real trouble
+    where the OS's words do not (``afile is a file, not a folder`` for ``File exists``)."""
+    what = os_error_words(e)
     if e.filename is None:
         return what
     where = f"{e.filename}" + (f" -> {e.filename2}" if e.filename2 else "")

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -13,6 +12,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from attnbench.bench.thresholds import (
+    MAX_FACTOR,
+    MAX_MEM_SLACK,
+    MAX_MEM_TOLERANCE,
     MEM_SLACK_BYTES,
     MEM_TOLERANCE,
     MEM_TOLERANCE_OTHER,
@@ -60,26 +62,32 @@ OutputFormat = Annotated[
         help="table (for people) or json (the comparison on stdout, messages on stderr).",
     ),
 ]
+FACTOR = f"a factor > 1 and <= {MAX_FACTOR:g}"
+TOLERANCE = f"from 0 to {MAX_MEM_TOLERANCE:g}"
 PValue = Annotated[
-    float, typer.Option(help="With samples: the U test's one-sided p must be below this.")
+    float,
+    typer.Option(help="With samples: the U test's one-sided p must be below this; in (0, 0.5)."),
 ]
 MinEffect = Annotated[
-    float, typer.Option(help="With samples: the ratio of medians must exceed this factor too.")
+    float,
+    typer.Option(help=f"With samples: the ratio of medians must exceed this too; {FACTOR}."),
 ]
 TimeRatio = Annotated[
-    float, typer.Option(help="Without samples: a time ratio to the reference must grow by more.")
+    float,
+    typer.Option(help=f"Without samples: a time ratio must grow by more than this; {FACTOR}."),
 ]
 RefTimeRatio = Annotated[
-    float, typer.Option(help="The reference's own time (x matmul rate) threshold.")
+    float, typer.Option(help=f"The reference's own time (x matmul rate) threshold; {FACTOR}.")
 ]
 MemTolerance = Annotated[
-    float, typer.Option(help="Relative memory tolerance, deterministic methods.")
+    float, typer.Option(help=f"Relative memory tolerance, deterministic methods; {TOLERANCE}.")
 ]
 MemSlack = Annotated[
-    int, typer.Option(help="Absolute memory slack in bytes, deterministic methods.")
+    int, typer.Option(help="Absolute memory slack in bytes, deterministic methods; 0 to 2^40.")
 ]
 MemToleranceOther = Annotated[
-    float, typer.Option(help="Relative memory tolerance, other methods (CUDA allocator).")
+    float,
+    typer.Option(help=f"Relative memory tolerance, other methods (CUDA); {TOLERANCE}."),
 ]
 Separation = Annotated[
     bool,
@@ -112,6 +120,9 @@ PeerLength = Annotated[int | None, typer.Option("--n", help="With --peer: the le
 PeerCausal = Annotated[
     bool, typer.Option("--causal", help="With --peer: read the causal rows instead.")
 ]
+Overwrite = Annotated[
+    bool, typer.Option("--overwrite", help="Replace a --markdown file that is already there.")
+]
 
 
 def compare_cmd(
@@ -135,6 +146,7 @@ def compare_cmd(
     peer: Peers = None,
     peer_n: PeerLength = None,
     peer_causal: PeerCausal = False,
+    overwrite: Overwrite = False,
 ) -> None:
     """Compare a speed run with a baseline: time as ratio to the reference, FLOPs, memory.
 
@@ -162,6 +174,13 @@ def compare_cmd(
     """
     if output_format not in FORMATS:
         raise AttnbenchError(f"--format {output_format!r}: accepted: {', '.join(FORMATS)}")
+    from attnbench.bench.results import files_read
+    from attnbench.runtime.outputs import refuse_to_replace
+
+    if markdown_file is not None:
+        given = [csv for csv in (current, baseline, *(confirm or ())) if csv is not None]
+        read = [f for csv in given for f in files_read(csv)]
+        refuse_to_replace([markdown_file], option="--markdown", inputs=read, overwrite=overwrite)
     if peer or baseline is None:
         _peer_view(current, baseline, peer or [], peer_n, peer_causal, markdown_file, output_format)
         return
@@ -227,17 +246,18 @@ def _thresholds(**given: Any) -> Thresholds:
     factors = (("--time-ratio", given["time_ratio"]), ("--ref-time-ratio", given["ref_time_ratio"]),
                ("--min-effect", given["min_effect"]))  # fmt: skip
     for name, value in factors:
-        if not value > 1:
-            raise AttnbenchError(f"{name} {value}: accepted: a factor > 1 (e.g. 1.3)")
+        if not 1 < value <= MAX_FACTOR:  # NaN compares false with everything
+            raise AttnbenchError(f"{name} {value}: accepted: {FACTOR} (e.g. 1.3)")
     if not 0 < given["p_value"] < 0.5:
         raise AttnbenchError(f"--p-value {given['p_value']}: accepted: a probability in (0, 0.5)")
     memory = (
-        ("--mem-tolerance", given["mem_tolerance"]),
-        ("--mem-slack", given["mem_slack_bytes"]),
+        ("--mem-tolerance", given["mem_tolerance"], MAX_MEM_TOLERANCE, TOLERANCE),
+        ("--mem-tolerance-other", given["mem_tolerance_other"], MAX_MEM_TOLERANCE, TOLERANCE),
+        ("--mem-slack", given["mem_slack_bytes"], MAX_MEM_SLACK, "from 0 to 2^40"),
     )
-    for name, value in memory:
-        if not (math.isfinite(value) and value >= 0):  # NaN compares false with everything
-            raise AttnbenchError(f"{name} {value}: accepted: a finite number >= 0")
+    for name, value, most, words in memory:
+        if not 0 <= value <= most:  # NaN compares false with everything
+            raise AttnbenchError(f"{name} {value}: accepted: a number {words}")
     from attnbench.bench.compare import Thresholds
 
     return Thresholds(**given)

@@ -45,6 +45,9 @@ def export_cmd(
     out_file: Annotated[
         Path | None, typer.Option("--out", help="Write the JSON here (default: stdout).")
     ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an --out file that is already there.")
+    ] = False,
 ) -> None:
     """Export the ok rows of a results CSV as JSON for continuous-benchmarking dashboards.
 
@@ -55,20 +58,26 @@ def export_cmd(
     Example: [bold]attnbench export runs/ci/results.csv --to bencher --metric time,memory[/bold]
     """
     from attnbench.bench.export import export_text, github_tool, parse_metrics
-    from attnbench.runtime.outputs import write_text
+    from attnbench.bench.results import files_read
+    from attnbench.runtime.outputs import ensure_dir, os_error_words, refuse_to_replace, write_text
 
     if to is None:
         raise fail("--to is required: github-benchmark or bencher")
+    if out_file is not None:
+        refuse_to_replace(
+            [out_file], option="--out", inputs=files_read(results), overwrite=overwrite
+        )
+        ensure_dir(out_file.parent, "folder for --out", create=False)  # before any reading
     metrics = list(metric or ["time"])
     text = export_text(results, to.value, metrics)
     if out_file is None:
         typer.echo(text, nl=False)
     else:
+        ensure_dir(out_file.parent, "folder for --out")
         try:
-            out_file.parent.mkdir(parents=True, exist_ok=True)
             write_text(out_file, text)  # whole or not at all: a full disk leaves no half file
         except OSError as e:
-            raise fail(f"cannot write {out_file}: {e.strerror or e}") from None
+            raise fail(f"cannot write {out_file}: {os_error_words(e)}") from None
         typer.echo(f"wrote {out_file}", err=True)
     if to is Target.github_benchmark:
         tool = github_tool(parse_metrics(metrics))

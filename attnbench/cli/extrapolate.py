@@ -37,8 +37,8 @@ Preset = Annotated[
         help="Preset name (cpu, paper: the files in suites/extrapolate) or a TOML file.",
     ),
 ]
-SeedsOption = Annotated[int | None, typer.Option(help="Training seeds (0..N-1).")]
-SeedStartOption = Annotated[int | None, typer.Option(help="First seed.")]
+SeedsOption = Annotated[int | None, typer.Option(help="Training seeds (0..N-1), from 1 to 10000.")]
+SeedStartOption = Annotated[int | None, typer.Option(help="First seed, >= 0 (below 2^63).")]
 VariantsOption = Annotated[
     str | None,
     typer.Option(
@@ -87,7 +87,9 @@ TrainOnlyOption = Annotated[
         "with --eval-only. The one mode torchrun may start (data-parallel training)."
     ),
 ]
-OverwriteOption = Annotated[bool, typer.Option(help="Retrain even if checkpoints exist.")]
+OverwriteOption = Annotated[
+    bool, typer.Option(help="Retrain even if checkpoints exist; replace the results in --out.")
+]
 KeepWeightsOption = Annotated[
     str | None,
     typer.Option(
@@ -95,27 +97,37 @@ KeepWeightsOption = Annotated[
         "(comma-separated, e.g. O): small enough to commit, loadable with --eval-only."
     ),
 ]
-DModelOption = Annotated[int | None, typer.Option(help="Model width.")]
-LayersOption = Annotated[int | None, typer.Option(help="Blocks.")]
-HeadsOption = Annotated[int | None, typer.Option(help="Attention heads.")]
-FfnMultOption = Annotated[int | None, typer.Option(help="FFN width / d_model.")]
-TrainLenOption = Annotated[int | None, typer.Option(help="Training length L.")]
-BatchOption = Annotated[int | None, typer.Option(help="Windows per training step.")]
-StepsOption = Annotated[int | None, typer.Option(help="Training steps.")]
-LrOption = Annotated[float | None, typer.Option(help="Peak learning rate (AdamW).")]
-WarmupOption = Annotated[int | None, typer.Option(help="Warm-up steps.")]
-MaskProbOption = Annotated[float | None, typer.Option(help="Masking probability.")]
-EvalLengthsOption = Annotated[str | None, typer.Option(help="Evaluation lengths, comma-separated.")]
+#: The sizes a training step's memory grows with: a value this machine cannot hold is refused.
+MEMORY = "as this machine's memory allows"
+DModelOption = Annotated[int | None, typer.Option(help=f"Model width, >= 1, {MEMORY}.")]
+LayersOption = Annotated[int | None, typer.Option(help=f"Blocks, >= 1, {MEMORY}.")]
+HeadsOption = Annotated[int | None, typer.Option(help="Attention heads, >= 1.")]
+FfnMultOption = Annotated[int | None, typer.Option(help=f"FFN width / d_model, >= 1, {MEMORY}.")]
+TrainLenOption = Annotated[int | None, typer.Option(help=f"Training length L, >= 1, {MEMORY}.")]
+BatchOption = Annotated[
+    int | None, typer.Option(help=f"Windows per training step, >= 1, {MEMORY}.")
+]
+StepsOption = Annotated[int | None, typer.Option(help="Training steps, >= 1.")]
+LrOption = Annotated[float | None, typer.Option(help="Peak learning rate (AdamW), > 0 and <= 1.")]
+WarmupOption = Annotated[int | None, typer.Option(help="Warm-up steps, >= 0.")]
+MaskProbOption = Annotated[float | None, typer.Option(help="Masking probability, in (0, 1).")]
+EvalLengthsOption = Annotated[
+    str | None, typer.Option(help="Evaluation lengths, comma-separated, each >= 1.")
+]
 EvalTokensOption = Annotated[
     int | None,
-    typer.Option(help="Held-out tokens evaluated at every length (cut into windows of n)."),
+    typer.Option(help="Held-out tokens evaluated at every length (windows of n), >= 1."),
 ]
-ThreadsOption = Annotated[int | None, typer.Option(help="CPU threads (0: all).")]
+ThreadsOption = Annotated[
+    int | None, typer.Option(help="CPU threads, >= 0 (0: all), at most this machine's cores.")
+]
 #: Not a fixed choice: cuda:N names any GPU (checked by the config, with the accepted forms).
 DeviceOption = Annotated[
     str | None, typer.Option(help="auto (a GPU when there is one), cpu, cuda, cuda:N.")
 ]
-CkptEveryOption = Annotated[int | None, typer.Option(help="Steps between checkpoints.")]
+CkptEveryOption = Annotated[
+    int | None, typer.Option(help="Steps between checkpoints, >= 0 (0: the last alone).")
+]
 SetOption = Annotated[
     list[str] | None,
     typer.Option(
@@ -256,6 +268,7 @@ def extrapolate(
     if list_units:
         _print_units(cfg, opts)
         return
+    _refuse_to_replace(opts)
     try:
         result = run_extrapolate(cfg, opts)
     except Interrupted as e:  # said as every interrupt is (Group)
@@ -280,6 +293,23 @@ def _config(preset: str, params: Mapping[str, Any], settings: list[str] | None) 
         for field, value in config_overrides(params).items()
     ]
     return load_preset(preset, given + parse_settings(settings, "--set", "train.steps=500"))
+
+
+def _refuse_to_replace(opts: RunOptions) -> None:
+    """A run that trains afresh (no --resume, --eval-only or --train-only) into an --out that
+    holds another run's results: refused unless --overwrite. A resumed or re-evaluated run
+    writes its own results again."""
+    from attnbench.extrapolation.results import CSV_NAME, SIDECAR_NAME, TABLE_NAME
+    from attnbench.runtime.outputs import refuse_to_replace
+
+    if opts.resume or opts.eval_only or opts.train_only:
+        return
+    refuse_to_replace(
+        [opts.out / name for name in (CSV_NAME, SIDECAR_NAME, TABLE_NAME)],
+        option="--out", folder=opts.out, overwrite=opts.overwrite,
+        instead=" (and retrain), --resume to continue the run that wrote them, or --eval-only "
+        "to evaluate its checkpoints again",
+    )  # fmt: skip
 
 
 def _run_options(cfg: ExtrapConfig, params: Mapping[str, Any]) -> RunOptions:
@@ -329,15 +359,21 @@ def entropy(
             "runs/extrapolate/PRESET/checkpoints); the trained part is skipped when none exist."
         ),
     ] = None,
-    min_n: Annotated[int, typer.Option(help="Shortest length (power of 2 steps).")] = 16,
-    max_n: Annotated[int, typer.Option(help="Longest length.")] = 4096,
-    dim: Annotated[int, typer.Option(help="Head dim d of the random q, k.")] = 64,
-    queries: Annotated[int, typer.Option(help="Random queries per length and trial.")] = 256,
-    trials: Annotated[int, typer.Option(help="Random draws per length.")] = 4,
-    seed: Annotated[int, typer.Option(help="Seed of the random q, k.")] = 0,
+    min_n: Annotated[int, typer.Option(help="Shortest length (power of 2 steps), >= 2.")] = 16,
+    max_n: Annotated[
+        int,
+        typer.Option(help="Longest length, >= 2 and >= --min-n, as this machine's memory allows."),
+    ] = 4096,
+    dim: Annotated[int, typer.Option(help="Head dim d of the random q, k, >= 2.")] = 64,
+    queries: Annotated[int, typer.Option(help="Random queries per length and trial, >= 1.")] = 256,
+    trials: Annotated[int, typer.Option(help="Random draws per length, >= 1.")] = 4,
+    seed: Annotated[int, typer.Option(help="Seed of the random q, k, 0 to 2^63-1.")] = 0,
     corpus: Annotated[
         Path | None, typer.Option(help="Text for the trained models (default: as trained).")
     ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the entropy files already in --out.")
+    ] = False,
 ) -> None:
     """Entropy of attention rows as n grows, for Attention-O and Attention-E.
 
@@ -345,21 +381,30 @@ def entropy(
 
     Fits H = log n - c*lambda*d + b (Su 2021: c about 0.24) and reports dH/dlog n.
 
-    Writes entropy.csv, entropy.json and entropy.png.
+    Writes entropy.csv, entropy.json and entropy.png (an earlier run's in --out: with
+    --overwrite).
 
     Example: [bold]attnbench run entropy --max-n 1024[/bold]
     """
     from attnbench.extrapolation.config import load_preset
     from attnbench.extrapolation.entropy import EntropyOptions, run_entropy
+    from attnbench.runtime.outputs import refuse_to_replace
 
+    if not 0 <= seed < 2**63:
+        raise AttnbenchError(f"--seed {seed}: accepted: an integer from 0 to 2^63-1")
     cfg = load_preset(preset)
     if checkpoints is not None and not checkpoints.is_dir():
         raise AttnbenchError(
             f"--checkpoints {checkpoints}: no such folder; accepted: the checkpoints folder of "
             f"`attnbench run extrapolate` (default runs/extrapolate/{cfg.preset}/checkpoints)"
         )
+    out_dir = out_dir or Path("runs") / "entropy" / cfg.preset
+    refuse_to_replace(
+        [out_dir / f"entropy.{suffix}" for suffix in ("csv", "json", "png")],
+        option="--out", folder=out_dir, inputs=[corpus] if corpus else [], overwrite=overwrite,
+    )  # fmt: skip
     opts = EntropyOptions(
-        out=out_dir or Path("runs") / "entropy" / cfg.preset,
+        out=out_dir,
         checkpoints=checkpoints or Path("runs") / "extrapolate" / cfg.preset / "checkpoints",
         min_n=min_n,
         max_n=max_n,

@@ -42,6 +42,13 @@ History = Annotated[
 PrintClass = Annotated[
     bool, typer.Option("--print-class", help="Print this machine's class, and exit.")
 ]
+Overwrite = Annotated[
+    bool,
+    typer.Option(
+        "--overwrite", help="Replace results in --out (and its -base1... siblings) of another grid."
+    ),
+]
+#: The folders beside --out the gate runs its grids into (the re-run, the measured baseline).
 
 
 def gate_cmd(
@@ -58,6 +65,7 @@ def gate_cmd(
     factor: study.Factor = 1.3,
     trials: study.Trials = None,
     load: study.LoadOption = study.Load.quiet,
+    overwrite: Overwrite = False,
 ) -> None:
     """Run the CI grid (suites/ci.toml) with this checkout's code and compare it with a baseline.
 
@@ -92,10 +100,15 @@ def gate_cmd(
     if print_class:
         typer.echo(gate.machine_slug())
         raise typer.Exit(0)
+    if base is not None and not base.strip():
+        raise AttnbenchError(
+            f"--base {base!r}: accepted: a git revision (a commit, branch or tag, e.g. HEAD~1)"
+        )
     root = gate.checkout()
     out = (out_dir or root / "runs" / "ci-speed").resolve()  # the base runs from its worktree
     started = time.time()
     grid = study.grid_of(base, suite, speed_args, pairs, slow, factor, peer)
+    _refuse_to_replace(out, overwrite, grid)
     if load is not study.Load.quiet and trials is None:
         raise AttnbenchError("--load needs --trials K (the study)")
     if trials is not None:
@@ -118,3 +131,25 @@ def gate_cmd(
         feed(history, gate_runs(out, started), typer.echo, lambda x: typer.echo(x, err=True))
     typer.echo(outcome.line)
     raise typer.Exit(outcome.code)
+
+
+def _refuse_to_replace(out: Path, overwrite: bool, grid) -> None:
+    """The gate runs its grid into ``out`` and the folders beside it again and again, replacing
+    its own results; results of another grid there (a speed run given as --out by mistake) are
+    replaced only with --overwrite. With --suite, any run of that suite is the gate's own."""
+    import json
+
+    from attnbench.bench.gate import run_labels
+    from attnbench.runtime.outputs import refuse_to_replace
+
+    own = "ci" if grid.suite is None else Path(grid.suite).stem
+    suffixes = ("", "-rerun", *(f"-{label}" for label in run_labels(grid.pairs)))
+    for folder in (out.with_name(out.name + suffix) for suffix in suffixes):
+        try:
+            sidecar = json.loads((folder / "results.json").read_text(encoding="utf-8"))
+            ours = sidecar["suite"]["name"] == own  # the gate's grid
+        except (OSError, ValueError, KeyError, TypeError):
+            ours = False
+        refuse_to_replace(
+            [folder / "results.csv"], option="--out", folder=folder, overwrite=overwrite or ours
+        )

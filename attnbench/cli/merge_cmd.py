@@ -28,6 +28,12 @@ def merge_cmd(
     plot: Annotated[
         bool, typer.Option("--plot/--no-plot", help="Draw the figures into --out/figures.")
     ] = True,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Replace results in --out that are not this sweep's merge."
+        ),
+    ] = False,
 ) -> None:
     """Join the units of a speed sweep run with --shard or --executor into one run's files.
 
@@ -37,13 +43,17 @@ def merge_cmd(
 
     A unit no folder finished, or one that failed twice, becomes error rows naming it.
 
+    Results already in --out are replaced when they are this sweep's (a merge again, as more
+    shards finish); any others only with --overwrite.
+
     Example: [bold]attnbench merge runs/shard-0 runs/shard-1 --out runs/speed-all[/bold]
     """
     from attnbench.bench.merge import merge_runs
     from attnbench.bench.provenance import command_line
     from attnbench.cli.speed_report import draw_figures, print_summary
 
-    run = merge_runs(folders, out_dir, allow_mixed=allow_mixed, command=shlex.join(command_line()))
+    run = merge_runs(folders, out_dir, allow_mixed=allow_mixed, command=shlex.join(command_line()),
+                     overwrite=overwrite)  # fmt: skip
     merged = json.loads(run.sidecar.read_text(encoding="utf-8"))["merged"]
     missing = [u for u in merged["units"] if u["status"] != "ok"]
     figures = draw_figures(run) if plot else []

@@ -31,6 +31,12 @@ def plot_cmd(
     format: Annotated[
         FigureFormat, typer.Option("--format", help="The figures' file format.")
     ] = FigureFormat.png,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite", help="Replace figures already in an --out other than the default."
+        ),
+    ] = False,
 ) -> None:
     """Draw a run's figures: time and memory against n, accuracy or training loss.
 
@@ -43,23 +49,43 @@ def plot_cmd(
     Given the extrapolate.csv of `run extrapolate`: its accuracy figure, redrawn (default:
     beside the CSV). Given its curves.csv: the training loss against step.
 
+    Figures where they are drawn by default are the CSV's own and are drawn again; in another
+    --out, figures already there are replaced only with --overwrite.
+
     Example: [bold]attnbench plot results/speed/cpu/results.csv --format svg[/bold]
     """
     from attnbench.bench.plot import plot_results  # matplotlib only when plotting
-    from attnbench.extrapolation.curves import is_curves_csv, plot_curves
+    from attnbench.extrapolation.curves import FIGURE_NAME, is_curves_csv, plot_curves
     from attnbench.extrapolation.report import figure_from_csv, is_table_csv
 
     fmt = format.value
     if is_table_csv(results):  # extrapolate.csv of run extrapolate: accuracy against length
+        _refuse_to_replace(results, out_dir, results.parent, "accuracy_vs_length", fmt, overwrite)
         out.print(f"wrote {figure_from_csv(results, out_dir, fmt)}")
         return
     if is_curves_csv(results):  # curves.csv of run extrapolate: loss against step
+        _refuse_to_replace(results, out_dir, results.parent / "figures", FIGURE_NAME, fmt,
+                           overwrite)  # fmt: skip
         for path in plot_curves(results, out_dir, fmt):
             out.print(f"wrote {path}")
         return
 
-    figures = plot_results(results, out_dir, fmt)
+    figures = plot_results(results, out_dir, fmt, overwrite)
     for path in figures.paths:
         out.print(f"wrote {path}")
     for note in figures.notes:
         err.print(note)
+
+
+def _refuse_to_replace(
+    csv: Path, out_dir: Path | None, default: Path, stem: str, fmt: str, overwrite: bool
+) -> None:
+    """The figure ``stem.fmt`` of ``csv``: drawn again where it is drawn by default (``default``,
+    the CSV's own), refused over another one in an explicit ``--out`` unless ``overwrite``."""
+    from attnbench.runtime.outputs import refuse_to_replace
+
+    folder = out_dir if out_dir is not None else default
+    refuse_to_replace(
+        [folder / f"{stem}.{fmt}"], option="--out", folder=folder, inputs=[csv],
+        overwrite=overwrite or folder.resolve() == default.resolve(),
+    )  # fmt: skip

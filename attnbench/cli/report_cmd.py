@@ -40,6 +40,9 @@ def report_cmd(
     format: Annotated[
         FigureFormat, typer.Option("--format", help="The figures' file format.")
     ] = FigureFormat.png,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an earlier report's files in --out.")
+    ] = False,
 ) -> None:
     """Join an extrapolation table with speed results: accuracy at each n against its cost.
 
@@ -66,6 +69,7 @@ def report_cmd(
         direction=direction.value,
         command=shlex.join(command_line()),
         fmt=format.value,
+        overwrite=overwrite,
     )
     for note in written.notes:
         err.print(note, soft_wrap=True, markup=False)

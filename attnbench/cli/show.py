@@ -13,7 +13,9 @@ from attnbench.core.errors import AttnbenchError
 
 def show(
     name: Annotated[str, typer.Argument(help="Mechanism name (see attnbench list).")],
-    n: Annotated[int, typer.Option("--n", help="Sequence length.")] = 64,
+    n: Annotated[
+        int, typer.Option("--n", help="Sequence length, >= 1: up to 128 shown, 4096 with --out.")
+    ] = 64,
     param: Annotated[
         list[str] | None,
         typer.Option("--param", "-p", help="A parameter as NAME=VALUE (repeatable)."),
@@ -22,6 +24,9 @@ def show(
     out_path: Annotated[
         Path | None, typer.Option("--out", help="Also write the pattern to this PNG file.")
     ] = None,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an --out file that is already there.")
+    ] = False,
 ) -> None:
     """Draw which keys each query attends: one cell per (query, key) pair.
 
@@ -37,8 +42,11 @@ def show(
         save_png,
         to_rich,
     )
+    from attnbench.runtime.outputs import refuse_to_replace
 
     mech = registry.get(name)
+    if out_path is not None:
+        refuse_to_replace([out_path], option="--out", overwrite=overwrite)
     if n > MAX_PNG_N or (out_path is None and n > MAX_TERMINAL_N):
         limit = MAX_PNG_N if out_path is not None else MAX_TERMINAL_N
         hint = "" if out_path is not None else f"; use --out FILE.png for up to {MAX_PNG_N}"

@@ -108,7 +108,10 @@ ImplOption = Annotated[
 ]
 LengthsOption = Annotated[
     str | None,
-    typer.Option(help="Comma-separated lengths, e.g. 256,1024,4096 (lifts per-kind caps)."),
+    typer.Option(
+        help="Comma-separated lengths from 1 to 2^31-1, e.g. 256,1024,4096 (lifts per-kind "
+        "caps; a case this machine's memory cannot hold at all is refused)."
+    ),
 ]
 DeviceOption = Annotated[
     Device | None, typer.Option(help="auto: CUDA when visible, else CPU (the suite's default).")
@@ -127,9 +130,12 @@ CausalOption = Annotated[
     bool | None, typer.Option("--causal/--no-causal", help="Only causal / only bidirectional.")
 ]
 ThreadsOption = Annotated[
-    int | None, typer.Option(help="torch CPU threads (0: one per core); recorded.")
+    int | None,
+    typer.Option(help="torch CPU threads: 0 (one per core) up to this machine's cores; recorded."),
 ]
-RoundsOption = Annotated[int | None, typer.Option(help="Timed rounds (more: less noise).")]
+RoundsOption = Annotated[
+    int | None, typer.Option(help="Timed rounds, 1 to 10000 (more: less noise).")
+]
 ReferenceOption = Annotated[
     str | None, typer.Option(help="NAME:PATH every time is divided by (same rounds), or 'none'.")
 ]

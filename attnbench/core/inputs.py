@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,3 +40,16 @@ def make_inputs(
     for spec in mech.extras_for(params):
         tensors[spec.name] = draw(tuple(spec.shape(shape, params)), spec.init_std)
     return tensors
+
+
+def input_elements(mech: Mechanism, shape: Shape, params: Mapping[str, Any]) -> int:
+    """How many numbers :func:`make_inputs` draws for this shape and these params (q, k, v and
+    every extra input), counted without making a tensor: what a caller checks against the memory
+    it has before asking for them."""
+    dims = [
+        (shape.batch, shape.heads, shape.seq_len, shape.head_dim),
+        (shape.batch, shape.hkv, shape.seq_len, shape.head_dim),
+        (shape.batch, shape.hkv, shape.seq_len, shape.dv),
+    ]
+    dims += [tuple(spec.shape(shape, params)) for spec in mech.extras_for(params)]
+    return sum(math.prod(d) for d in dims)

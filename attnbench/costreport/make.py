@@ -18,9 +18,11 @@ def make_report(
     direction: str = "fwd",
     command: str = "attnbench report",
     fmt: str = "png",
+    overwrite: bool = False,
 ) -> Written:
     """Read both folders, join them, then write the CSV, the figures and ``report.md`` into
-    ``out``. Bad input raises an AttnbenchError before anything is written."""
+    ``out``. Bad input, and an earlier report in ``out`` without ``overwrite``, raise an
+    AttnbenchError before anything is written."""
     if direction not in DIRECTIONS:
         raise AttnbenchError(f"--direction {direction!r}: accepted: {', '.join(DIRECTIONS)}")
     extrapolation = read_extrapolation(Path(extrapolation_dir))
@@ -33,4 +35,4 @@ def make_report(
             f"no row of {extrapolation.folder} joins a case of {speed.folder}{example}; "
             "nothing written"
         )
-    return write_report(report, extrapolation, speed, Path(out), command, fmt)
+    return write_report(report, extrapolation, speed, Path(out), command, fmt, overwrite)

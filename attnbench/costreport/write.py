@@ -15,11 +15,18 @@ from pathlib import Path
 
 import pandas as pd
 
+from attnbench.bench.results import files_read
 from attnbench.costreport import figure
 from attnbench.costreport.join import Floor, NotJoined, Point, Report
 from attnbench.costreport.mapping import mapping_lines
-from attnbench.costreport.tables import Extrapolation, Speed
-from attnbench.runtime.outputs import ensure_dir, write_csv, write_text
+from attnbench.costreport.tables import (
+    EXTRAPOLATION_CSV,
+    EXTRAPOLATION_SIDECAR,
+    SPEED_CSV,
+    Extrapolation,
+    Speed,
+)
+from attnbench.runtime.outputs import ensure_dir, refuse_to_replace, write_csv, write_text
 from attnbench.runtime.portable import portable
 
 CSV_NAME, REPORT_NAME, FIGURE_STEM = "accuracy_vs_cost.csv", "report.md", "accuracy_vs_cost"
@@ -56,23 +63,37 @@ def write_report(
     out: Path,
     command: str,
     fmt: str = "png",
+    overwrite: bool = False,
 ) -> Written:
-    """Write the CSV, the figures and ``report.md`` into ``out`` (made if needed)."""
-    ensure_dir(out, "--out folder")
+    """Write the CSV, the figures and ``report.md`` into ``out`` (made if needed); an earlier
+    report's files there are replaced only with ``overwrite``."""
     csv_path = out / CSV_NAME
+    figure_paths = {
+        machine: out / f"{_figure_stem(report, machine)}.{fmt}"
+        for machine in report.machines
+        if any(p.machine == machine for p in report.points)
+    }
+    read = [extrapolation.folder / name for name in (EXTRAPOLATION_CSV, EXTRAPOLATION_SIDECAR)]
+    refuse_to_replace(
+        [csv_path, *figure_paths.values(), out / REPORT_NAME], option="--out", folder=out,
+        inputs=read + files_read(speed.folder / SPEED_CSV), overwrite=overwrite,
+    )  # fmt: skip
+    ensure_dir(out, "--out folder")
     write_csv(joined_frame(report), csv_path, index=False, float_format="%.6g")
-    figures = []
-    for machine in report.machines:
-        if not any(p.machine == machine for p in report.points):
-            continue
-        stem = FIGURE_STEM if len(report.machines) == 1 else f"{FIGURE_STEM}-{_slug(machine)}"
-        title = _figure_title(report, machine)
-        figures.append(figure.draw(report, machine, out / f"{stem}.{fmt}", title))
+    figures = [
+        figure.draw(report, machine, path, _figure_title(report, machine))
+        for machine, path in figure_paths.items()
+    ]
     text = markdown(report, extrapolation, speed, portable(command, out), figures, out)
     write_text(out / REPORT_NAME, text)
     notes = [f"note: {line}" for line in report.mismatches]
     notes += [f"not joined: {line}" for line in not_joined_lines(report.not_joined)]
     return Written([csv_path, *figures, out / REPORT_NAME], notes)
+
+
+def _figure_stem(report: Report, machine: str) -> str:
+    """``accuracy_vs_cost``, or with one figure per machine ``accuracy_vs_cost-<machine>``."""
+    return FIGURE_STEM if len(report.machines) == 1 else f"{FIGURE_STEM}-{_slug(machine)}"
 
 
 def _slug(text: str) -> str:

@@ -24,9 +24,10 @@ from typing import Any
 from attnbench import registry
 from attnbench.core.errors import AttnbenchError, unknown
 from attnbench.extrapolation.longrange import COPY_LENGTH, DISTANCES
-from attnbench.extrapolation.model import MixerSpec, ModelConfig
+from attnbench.extrapolation.model import VOCAB, MixerSpec, ModelConfig
 from attnbench.extrapolation.train import TrainConfig
 from attnbench.extrapolation.tricks import Tricks, parse_tricks, settings_problem
+from attnbench.measure import machine
 from attnbench.runtime import tomlconfig
 from attnbench.runtime.schema import (
     Checked,
@@ -38,6 +39,7 @@ from attnbench.runtime.schema import (
     inside,
     read_section,
     setting,
+    within,
 )
 from attnbench.runtime.tomlconfig import Setting, SuiteText
 
@@ -170,7 +172,7 @@ class RunConfig(Checked):
     eval_time: tuple[str, ...] = setting(
         DEFAULT_EVAL_TIME, "eval-time rows applied to the trained O"
     )
-    seeds: int = setting(1, "number of training seeds", valid=at_least(1))
+    seeds: int = setting(1, "number of training seeds", valid=within(1, 10_000))
     seed_start: int = setting(0, "first seed", valid=at_least(0))
     threads: int = setting(
         0, "torch CPU threads; 0: every core this process may use", valid=at_least(0)
@@ -295,6 +297,7 @@ def _config(
 ) -> ExtrapConfig:
     file = read_section(text, text.data, PresetFile)
     _check_variant_defs(text, file.variants)
+    _refuse_what_this_machine_cannot_run(text, file)
     return ExtrapConfig(
         preset=preset,
         model=file.model,
@@ -316,6 +319,45 @@ def _check_variant_defs(text: SuiteText, variants: Mapping[str, MixerSpec]) -> N
             resolve_spec(spec, name)
         except AttnbenchError as e:
             raise text.error(("variants", name, "mechanism"), f"[variants.{name}] {e}") from None
+
+
+#: The sizes a training step's memory grows with, and the cpu preset's value of each: the size
+#: furthest above its value is the one a refusal names.
+TRAINING_SIZES = {"model.d_model": 128, "model.layers": 2, "model.ffn_mult": 2,
+                  "model.train_len": 64, "train.batch": 32}  # fmt: skip
+
+
+def training_bytes(s: Mapping[str, int]) -> float:
+    """A lower bound of a training step's memory, in float32, for every mechanism: the weights
+    (the embedding and the classifier; in every block at least two d_model x d_model
+    projections) with their gradients and AdamW's two moments (16 bytes a weight), and per block
+    at least two activations of every token of the batch kept for the backward pass."""
+    d, layers = s["model.d_model"], s["model.layers"]
+    weights = 2 * VOCAB * d + layers * 2 * d * d
+    activations = 2 * layers * s["train.batch"] * s["model.train_len"] * d
+    return 16.0 * weights + 4.0 * activations
+
+
+def _refuse_what_this_machine_cannot_run(text: SuiteText, file: PresetFile) -> None:
+    """Sizes this machine cannot train at all, refused before anything is allocated (the
+    allocator's traceback otherwise, maybe after the corpus is read), and more threads than its
+    cores: one line naming the size asked, what it needs and what this machine has."""
+    threads = file.run.threads
+    if refused := machine.threads_refused(threads):
+        raise text.error(("run", "threads"), f"run.threads = {threads}: {refused}")
+    sizes = {key: getattr(getattr(file, key.split(".")[0]), key.split(".")[1])
+             for key in TRAINING_SIZES}  # fmt: skip
+    # This machine's RAM, also for a GPU run: CUDA is not started to read the GPU's (torchrun's
+    # ranks read the preset before each picks its device), and the estimate is a lower bound
+    # several times below a step's real need: what it refuses no GPU of this machine trains.
+    memory = machine.available_memory_bytes()
+    found = machine.too_big(
+        sizes, training_bytes, "a training step holds at least its weights, their gradients, "
+        "AdamW's moments and per block activations of batch x train_len tokens",
+        TRAINING_SIZES, memory, sep=" = ",
+    )  # fmt: skip
+    if found is not None:
+        raise text.error(tuple(found[0].split(".")), found[1])
 
 
 # --------------------------------------------------------------------------------------------

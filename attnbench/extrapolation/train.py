@@ -57,7 +57,18 @@ from attnbench.extrapolation import longrange
 from attnbench.extrapolation.model import MASK_ID, sorted_random_positions
 from attnbench.runtime.outputs import atomic_open, write_failed
 from attnbench.runtime.progress import Progress, Silent
-from attnbench.runtime.schema import Checked, above, at_least, finite, inside, setting, within
+from attnbench.runtime.schema import (
+    Checked,
+    above,
+    above_up_to,
+    at_least,
+    finite,
+    inside,
+    key_difference,
+    setting,
+    within,
+)
+from attnbench.runtime.torch_files import why_unreadable
 
 if TYPE_CHECKING:
     from attnbench.extrapolation.distributed import DataParallel
@@ -108,8 +119,8 @@ class TrainConfig(Checked):
 
     batch: int = setting(64, "windows per step", valid=at_least(1))
     steps: int = setting(3000, "optimiser steps", valid=at_least(1))
-    #: inf trains to NaN, NaN crashes: both refused.
-    lr: float = setting(1e-3, "peak learning rate (AdamW)", valid=finite(above(0)))
+    #: inf trains to NaN, NaN crashes, 1e308 overflows float32: all refused (above 1: diverges).
+    lr: float = setting(1e-3, "peak learning rate (AdamW)", valid=above_up_to(0, 1))
     warmup: int = setting(200, "linear warm-up steps, then cosine decay", valid=at_least(0))
     min_lr_ratio: float = setting(0.1, "the cosine ends at lr * min_lr_ratio", valid=within(0, 1))
     weight_decay: float = setting(
@@ -543,25 +554,18 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # a torn or foreign file: say which, in one line
-        raise AttnbenchError(f"cannot read checkpoint {path}: {type(e).__name__}") from None
-    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
-        raise AttnbenchError(f"{path} is not an attnbench extrapolation checkpoint")
+        raise AttnbenchError(f"cannot read checkpoint {path}: {why_unreadable(path, e)}") from None
+    if not isinstance(ckpt, dict) or "format" not in ckpt:
+        held = "a dict without a format" if isinstance(ckpt, dict) else f"a {type(ckpt).__name__}"
+        raise AttnbenchError(
+            f"{path} is not an attnbench extrapolation checkpoint (a torch file holding {held})"
+        )
+    if ckpt["format"] != CHECKPOINT_FORMAT:
+        raise AttnbenchError(
+            f"checkpoint {path} was written by another version of attnbench (format "
+            f"{ckpt['format']!r}; this one reads {CHECKPOINT_FORMAT}): train it again (--overwrite)"
+        )
     return ckpt
-
-
-def key_difference(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:
-    """'steps 3000 -> 100, heads 2 -> 4': what differs between two flat-ish keys."""
-    diffs = []
-    for name in sorted(set(saved) | set(wanted)):
-        a, b = saved.get(name), wanted.get(name)
-        if a == b:
-            continue
-        if isinstance(a, dict) and isinstance(b, dict):
-            inner = key_difference(a, b)
-            diffs.append(inner)
-        else:
-            diffs.append(f"{name} {a!r} -> {b!r}")
-    return ", ".join(diffs)
 
 
 def check_key(ckpt: Mapping[str, Any], key: Mapping[str, Any], path: Path) -> None:

@@ -37,6 +37,10 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: in
             'reinstall it: pip install -U "attnbench[local]"'
         ) from None
 
+    t = q.shape[-2]
+    # A window of t or more keys sees every key, as a window of t does: the library pads T to a
+    # multiple of the window, so a window far beyond T (window=10**12) would allocate that much.
+    window = max(1, min(window, t))
     layer = LocalAttention(
         window_size=window,
         causal=causal,
@@ -46,7 +50,6 @@ def local_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, window: in
         autopad=True,
         use_rotary_pos_emb=False,
     )
-    t = q.shape[-2]
     keys = None  # only a bidirectional call with padding needs the key mask (one more fill)
     if not causal and t % window:
         keys = torch.ones(1, t, dtype=torch.bool, device=q.device)

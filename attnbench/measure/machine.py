@@ -102,17 +102,85 @@ def refuse_if_too_big(
     bytes (``need`` grows with the value) do not fit in MEMORY_SHARE of the available memory:
     one line with the size, what is available and the largest value that fits. An allocation
     that fails halfway is a traceback (``Cannot allocate memory``), or the machine swaps."""
-    available = available_memory_bytes()
-    if available is None or need(value) <= MEMORY_SHARE * available:
-        return
-    low, high = 0, value  # need(low) fits, need(high) does not
+    found = too_big({option: value}, lambda sizes: need(sizes[option]), what)
+    if found is not None:
+        raise AttnbenchError(found[1] + instead)
+
+
+def too_big(
+    sizes: dict[str, int],
+    need: Callable[[dict[str, int]], float],
+    what: str,
+    defaults: dict[str, int] | None = None,
+    memory: int | None = None,
+    has: str = "available",
+    share: float = MEMORY_SHARE,
+    sep: str = " ",
+) -> tuple[str, str] | None:
+    """When ``need(sizes)`` bytes do not fit in ``share`` of ``memory`` (default: MEMORY_SHARE
+    of the memory available now): the size to blame and one line saying so, else None. The size
+    blamed is the one furthest above its ``defaults`` value (its plain value without one) among
+    those that alone can be brought down far enough; the line gives the sizes' bytes, what this
+    machine ``has`` and the largest value of that size that fits with the others as asked
+    (a size and its value joined by ``sep``: ``" = "`` for a config's keys, ``model.d_model =
+    4000000``; ``"="`` for ``--param window=100``)::
+
+        --d-model 4000000: the weights ..., about 954 TiB, and this machine has 19.2 GiB
+        available; accepted here: --d-model up to about 9000
+    """
+    memory = available_memory_bytes() if memory is None else memory
+    limit = share * memory if memory else None
+    if limit is None or need(sizes) <= limit:
+        return None
+    defaults = defaults or {}
+    order = sorted(sizes, key=lambda k: -sizes[k] / max(1, defaults.get(k, 1)))
+    fits = [k for k in order if need({**sizes, k: 1}) <= limit]
+    name = (fits or order)[0]
+    low, high = 0, sizes[name]  # need(low) fits (or low is 0), need(high) does not
     while high - low > 1:
         mid = (low + high) // 2
-        low, high = (mid, high) if need(mid) <= MEMORY_SHARE * available else (low, mid)
-    raise AttnbenchError(
-        f"{option} {value}: {what}, about {need(value) / 2**30:.0f} GiB, and this machine has "
-        f"{available / 2**30:.1f} GiB available; accepted here: {option} up to about {low}"
-        f"{instead}"
+        low, high = (mid, high) if need({**sizes, name: mid}) <= limit else (low, mid)
+    accepted = f"{name} up to about {low}" if low else f"none: even {name} 1 needs too much"
+    return name, (
+        f"{name}{sep}{sizes[name]}: {what}, about {byte_size(need(sizes))}, "
+        f"and this machine has "
+        f"{byte_size(memory)} {has}; accepted here: {accepted}"
+    )
+
+
+def byte_size(count: float) -> str:
+    """``19.2 GiB``, ``954 TiB``, ``2.1e+12 PiB``: a number of bytes for a message."""
+    for unit, scale in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20)):
+        if count >= scale or unit == "MiB":
+            value = count / scale
+            return f"{value:.1f} {unit}" if value < 100 else f"{value:.3g} {unit}"
+    return f"{count:.0f} bytes"  # pragma: no cover
+
+
+def device_memory_bytes(device: torch.device) -> int | None:
+    """The total memory of ``device`` (None when it cannot be read): the GPU's once CUDA is
+    started in this process; before, this machine's RAM stands in for it, since starting CUDA
+    only to size a request would hold a context on the GPU in a process that may never use it
+    (a sweep's driver, torchrun's ranks before each picks its device). A stand-in is enough for
+    what it decides: a request no machine holds at all."""
+    if device.type == "cuda" and torch.cuda.is_initialized():
+        try:
+            return int(torch.cuda.get_device_properties(device).total_memory)
+        except (RuntimeError, AssertionError):  # no driver, another process's device...
+            return None
+    return memory_bytes()
+
+
+def threads_refused(threads: int, cores: int | None = None) -> str | None:
+    """Why ``threads`` torch threads are refused here (None when they are not): more than the
+    usable cores, they only wait on each other (each process also starts a pool of that many
+    threads, and a count beyond the OS's overflows torch)."""
+    cores = cores or usable_cores()
+    if threads <= cores:
+        return None
+    return (
+        f"this machine has {cores} usable core{'s' if cores != 1 else ''}; accepted here: "
+        f"0 (one thread per core) to {cores}"
     )
 
 

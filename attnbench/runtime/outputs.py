@@ -11,12 +11,13 @@ temporary names are :func:`private_name`'s; those a killed process left behind a
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
 import socket
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -47,7 +48,7 @@ def write_failed(
     before is kept``: ``e`` as one line naming ``path`` (a WriteFailed is returned as it is)."""
     if isinstance(e, WriteFailed):
         return e
-    reason = e.strerror or str(e) or type(e).__name__
+    reason = os_error_words(e)
     kept = "; the one there before is kept" if existed else ""
     message = f"cannot write {what + ' ' if what else ''}{path}: {reason}{kept}"
     return WriteFailed(message, e.errno, e.strerror, str(path))
@@ -64,7 +65,8 @@ def ensure_dir(path: Path | str, what: str = "output folder", create: bool = Tru
                 where = "is" if ancestor == path else f"is under {ancestor}, which is"
                 raise AttnbenchError(f"cannot use {path} as the {what}: it {where} a file")
             if not create and not os.access(ancestor, os.W_OK | os.X_OK):
-                raise AttnbenchError(f"cannot create the {what} {path}: {ancestor} is read-only")
+                why = unwritable(ancestor)
+                raise AttnbenchError(f"cannot create the {what} {path}: {ancestor} {why}")
             break
     if not create:
         return path
@@ -73,8 +75,104 @@ def ensure_dir(path: Path | str, what: str = "output folder", create: bool = Tru
     except OSError as e:
         raise AttnbenchError(f"cannot create the {what} {path}: {e.strerror or e}") from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise AttnbenchError(f"cannot write into the {what} {path}: permission denied")
+        raise AttnbenchError(f"cannot write into the {what} {path}: it {unwritable(path)}")
     return path
+
+
+def os_error_words(e: OSError) -> str:
+    """What went wrong in ``e``, in words that name the real trouble: for a folder that could not
+    be made because a file is in the way (the OS says ``File exists`` or ``Not a directory``),
+    which file; for a refused write, whether the file system is read-only; else the OS's words."""
+    words = e.strerror or str(e) or type(e).__name__
+    if e.filename is None:
+        return words
+    path = Path(os.fsdecode(e.filename))
+    if e.errno in (errno.EEXIST, errno.ENOTDIR):
+        in_the_way = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+        if in_the_way is not None:
+            where = "it is" if in_the_way == path else f"{in_the_way} is"
+            return f"{where} a file, not a folder"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        folder = next((p for p in (path, *path.parents) if p.is_dir()), None)
+        if folder is not None and unwritable(folder).startswith("is on a read-only"):
+            return f"{folder} is on a read-only file system"
+    return words
+
+
+def unwritable(folder: Path | str) -> str:
+    """Why nothing can be written into ``folder``, as the end of a sentence about it: ``is on a
+    read-only file system`` (a read-only mount: no permission would help) or ``is not writable
+    by this user (permission denied)``."""
+    with contextlib.suppress(OSError, AttributeError):  # no statvfs on Windows
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "is on a read-only file system"
+    return "is not writable by this user (permission denied)"
+
+
+def refuse_to_replace(
+    targets: Iterable[Path | str],
+    *,
+    option: str,
+    inputs: Iterable[Path | str] = (),
+    overwrite: bool = False,
+    folder: Path | str | None = None,
+    instead: str = "",
+) -> None:
+    """The one rule of every command that writes, applied before it writes anything: refuse,
+    in one line (an AttnbenchError: exit code 2 from the CLI), to write one of ``targets``
+
+    * over one of ``inputs``, the files the command reads (``compare A B --markdown B``):
+      always, ``overwrite`` or not; nothing a command writes is meant to replace what it reads;
+    * over a file that is already there (results an earlier command made) unless
+      ``overwrite`` (the command's ``--overwrite``): what the command itself made in this folder
+      (a resumed run, a merge of the same sweep) is its caller's to allow, by passing
+      ``overwrite``.
+
+    ``option`` names where the targets come from (``--out``, ``--markdown``); ``folder``: the
+    targets are files in that folder (said as ``--out X already holds a.csv, b.json``), else
+    each target is the file the option names. ``instead``: the command's other ways on, said
+    after ``--overwrite`` (``, or --resume to continue them``)."""
+    targets, inputs = [Path(t) for t in targets], [Path(i) for i in inputs]
+    for target in targets:
+        for given in inputs:
+            if _same_file(target, given):
+                shown = target if folder is None else f"{folder} (its {target.name})"
+                raise AttnbenchError(
+                    f"{option} {shown} is the input {given}; writing there would replace what "
+                    f"this command reads: choose another {'file' if folder is None else 'folder'}"
+                )
+    if overwrite:
+        return
+    there = [t for t in targets if t.exists() or t.is_symlink()]
+    if not there:
+        return
+    if folder is None:
+        raise AttnbenchError(
+            f"{option} {there[0]} already exists; choose another file or pass --overwrite to "
+            f"replace it{instead}"
+        )
+    names = ", ".join(_relative(t, Path(folder)) for t in there[:3])
+    more = f" and {len(there) - 3} more" if len(there) > 3 else ""
+    raise AttnbenchError(
+        f"{option} {folder} already holds {names}{more}; choose another folder or pass "
+        f"--overwrite to replace them{instead}"
+    )
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (links and ``..`` followed; one that does not exist
+    yet: the same absolute path)."""
+    with contextlib.suppress(OSError):
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
+
+
+def _relative(path: Path, folder: Path) -> str:
+    try:
+        return path.relative_to(folder).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def private_name(name: str) -> str:

@@ -38,6 +38,7 @@ from dataclasses import MISSING, dataclass
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union
 
 from attnbench.core.errors import AttnbenchError
+from attnbench.runtime.tomlconfig import MAX_NESTING, nesting
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -78,6 +79,11 @@ def above(low: float) -> Rule:
 def within(low: float, high: float) -> Rule:
     """``low <= x <= high``."""
     return Rule(lambda x: low <= x <= high, f"from {low} to {high}")
+
+
+def above_up_to(low: float, high: float) -> Rule:
+    """``low < x <= high`` (finite, as every bounded rule)."""
+    return Rule(lambda x: low < x <= high, f"> {low} and <= {high}")
 
 
 def inside(low: float, high: float) -> Rule:
@@ -139,8 +145,8 @@ def check_fields(obj: Any) -> None:
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if not _fits(hints[f.name], value) or not _valid(hints[f.name], f, value):
-            words = accepted_words(hints[f.name], f)
-            raise Invalid(f.name, f"{f.name} = {value!r} is not accepted; accepted: {words}")
+            words = accepted_words(hints[f.name], f) + _beyond_int64(value)
+            raise Invalid(f.name, f"{f.name} = {shown(value)} is not accepted; accepted: {words}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,9 +205,13 @@ def _fits(hint: Any, value: Any) -> bool:
         return isinstance(value, hint)
     if hint is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is int:  # a 64-bit integer: what torch and the OS take (a larger one overflows)
+        return isinstance(value, int) and not isinstance(value, bool) and _int64(value)
     return isinstance(value, hint)
+
+
+def _int64(value: int) -> bool:
+    return -(2**63) <= value < 2**63
 
 
 def _valid(hint: Any, f: dataclasses.Field, value: Any) -> bool:
@@ -245,6 +255,19 @@ def accepted_words(hint: Any, f: dataclasses.Field) -> str:
         words = re.sub(r"^a (list|table)", r"a non-empty \1", words)
     rule = f.metadata.get("valid")
     return f"{words} {rule.words}" if isinstance(rule, Rule) else words
+
+
+def shown(value: Any, width: int = 60) -> str:
+    """``value``'s repr for a one-line message, cut to about ``width`` characters."""
+    text = repr(value)
+    return text if len(text) <= width else f"{text[: width - 15]}... ({len(text)} characters)"
+
+
+def _beyond_int64(value: Any) -> str:
+    """What the words of an integer field leave unsaid, for a value beyond 64 bits."""
+    if isinstance(value, int) and not isinstance(value, bool) and not _int64(value):
+        return " (a 64-bit integer: below 2**63)"
+    return ""
 
 
 def keys(cls: type, where: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], dataclasses.Field]]:
@@ -337,8 +360,8 @@ def _read(text: SuiteText, hint: Any, f: dataclasses.Field, value: Any, key: tup
 def _refused(
     text: SuiteText, hint: Any, f: dataclasses.Field, value: Any, key: tuple, at: tuple
 ) -> AttnbenchError:
-    words = accepted_words(hint, f)
-    return text.error(at, f"{dotted(key)} = {value!r} is not accepted; accepted: {words}")
+    words = accepted_words(hint, f) + _beyond_int64(value)
+    return text.error(at, f"{dotted(key)} = {shown(value)} is not accepted; accepted: {words}")
 
 
 def _convert(hint: Any, value: Any) -> Any:
@@ -366,9 +389,10 @@ def toml_value(text: str) -> Any:
     if "\n" in text:
         return text
     try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except (tomllib.TOMLDecodeError, RecursionError):  # a value nested thousands deep: text
         return text
+    return text if nesting(value) > MAX_NESTING else value
 
 
 def from_text(hint: Any, text: str) -> Any:
@@ -385,3 +409,24 @@ def from_text(hint: Any, text: str) -> Any:
             return []
         return [from_text(_item(hint), t) for t in items]
     return toml_value(text)
+
+
+# --------------------------------------------------------------------------------------------
+# Two configs compared
+# --------------------------------------------------------------------------------------------
+
+
+def key_difference(saved: Mapping[str, Any], wanted: Mapping[str, Any]) -> str:
+    """``'steps 3000 -> 100, heads 2 -> 4'``: what differs between two configs as plain data
+    (tables walked into; a key one of them lacks is ``None`` there). Empty when none does.
+    What a resumed run says when it refuses to continue another config's work."""
+    diffs = []
+    for name in sorted(set(saved) | set(wanted)):
+        a, b = saved.get(name), wanted.get(name)
+        if a == b:
+            continue
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            diffs.append(key_difference(a, b))
+        else:
+            diffs.append(f"{name} {a!r} -> {b!r}")
+    return ", ".join(diffs)

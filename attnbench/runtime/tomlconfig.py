@@ -192,7 +192,36 @@ def load(path: Path, what: str = "suite") -> SuiteText:
         raise AttnbenchError(f"{path}: not UTF-8 text; a {what} file is TOML") from None
     except tomllib.TOMLDecodeError as e:
         raise AttnbenchError(_syntax_error(path, text, str(e))) from None
+    except RecursionError:  # tomllib reads nested arrays and tables by recursion
+        raise AttnbenchError(_too_deep(path, what)) from None
+    if nesting(data) > MAX_NESTING:
+        raise AttnbenchError(_too_deep(path, what))
     return SuiteText(path, data, Lines(text), hashlib.sha256(raw).hexdigest())
+
+
+#: The deepest nesting of tables and arrays a config file may have: its deepest key is a value
+#: in a table of a table (``[params.NAME]``, ``max_len = { ... }``); far deeper is no config.
+MAX_NESTING = 16
+
+
+def nesting(value: Any) -> int:
+    """How deep tables and arrays nest in ``value`` (a plain value: 0), without recursion."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, Mapping):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return deepest
+
+
+def _too_deep(path: Path, what: str) -> str:
+    return (
+        f"{path}: tables and arrays nested deeper than {MAX_NESTING} levels; a {what} file is "
+        "sections of keys, each a value, a list or a small table"
+    )
 
 
 def _syntax_error(path: Path, text: str, message: str) -> str:
@@ -262,5 +291,8 @@ def parse_settings(
             raise AttnbenchError(
                 f"{option} {item!r} is not SECTION.FIELD=VALUE (e.g. {option} {example})"
             )
-        out.append(Setting(key, value.strip(), f"{option} {'.'.join(key)}={value.strip()}"))
+        shown = value.strip()
+        if len(shown) > 60:  # a label heads every error about the setting: one short line
+            shown = f"{shown[:40]}... ({len(shown)} characters)"
+        out.append(Setting(key, value.strip(), f"{option} {'.'.join(key)}={shown}"))
     return out

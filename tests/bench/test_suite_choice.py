@@ -111,11 +111,11 @@ def test_every_flex_pattern_is_in_the_flex_suite():
 def test_the_cpu_suite_caps_its_threads(monkeypatch):
     suite = config.load_suite(CPU_SUITE)
     assert suite.threads == 0 and suite.max_threads == 2
-    monkeypatch.setattr(config.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(config.machine, "usable_cores", lambda: 16)
     assert suite.thread_count() == 2
-    monkeypatch.setattr(config.os, "cpu_count", lambda: 1)
-    assert suite.thread_count() == 1
     assert config.override(suite, threads=8).thread_count() == 8  # --threads: as asked
+    monkeypatch.setattr(config.machine, "usable_cores", lambda: 1)
+    assert suite.thread_count() == 1
 
 
 def test_the_cli_default_is_the_library_default():

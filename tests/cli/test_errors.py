@@ -67,6 +67,12 @@ mechanism = "softmaxx"
 """
 
 
+#: A suite whose one case needs more memory than any machine has (issue 63: an oom row before).
+BIG_BATCH = '[grid]\ndevice = "cpu"\nlengths = [1024]\n[shape]\nbatch = 1000000000000\n'
+#: A suite nested 5000 deep (issue 63: a RecursionError from the TOML reader before).
+DEEP = "x = " + "[" * 5000 + "]" * 5000 + "\n"
+
+
 def bom_results(text: str) -> str:
     """A results CSV as a spreadsheet saves it, with a UTF-8 byte-order mark in front."""
     return "\ufeff" + text
@@ -92,7 +98,7 @@ BAD_INVOCATIONS: list[tuple[list[str], dict[str, str], str]] = [
     (["plot", "r.csv", "--format", "jpg"], {}, "--format 'jpg': accepted: png, svg"),
     (["export", "r.csv", "--to", "gh"], {}, "unknown --to target 'gh'"),
     (["run", "speed", "--resume", "--overwrite"], {}, "exclude each other"),
-    (["compare", "a.csv", "b.csv", "--mem-tolerance", "nan"], {}, "a finite number >= 0"),
+    (["compare", "a.csv", "b.csv", "--mem-tolerance", "nan"], {}, "a number from 0 to 10"),
     (["run", "extrapolate", "--lr", "inf", "--steps", "1"], {}, "--lr inf: train.lr = inf is not"),
     (["run", "extrapolate", "--lr", "nan", "--steps", "1"], {}, "--lr nan: train.lr = nan is not"),
     (["run", "extrapolate", "--set", "train.grad_clip=nan"], {}, "grad_clip = nan is not"),
@@ -137,7 +143,41 @@ BAD_INVOCATIONS: list[tuple[list[str], dict[str, str], str]] = [
         "extrapolate.csv has no rows: nothing to report",
     ),
     (["report", ".", ".", "--direction", "both"], {}, "--direction 'both': accepted: fwd, fwdbwd"),
-]
+    # Issue 63: no command writes over an input, or over results it did not make, unless told.
+    (["compare", "r.csv", "r.csv", "--markdown", "r.csv"], {"r.csv": "x"}, "--markdown r.csv is "
+     "the input r.csv; writing there would replace what this command reads"),
+    (["export", "r.csv", "--to", "bencher", "--out", "r.csv", "--overwrite"], {"r.csv": "x"},
+     "--out r.csv is the input r.csv"),
+    (["run", "entropy", "--out", "e"], {"e/entropy.csv": "kept"},
+     "--out e already holds entropy.csv; choose another folder or pass --overwrite"),
+    (["run", "extrapolate", "--out", "x"], {"x/extrapolate.csv": "kept"},
+     "--out x already holds extrapolate.csv"),
+    (["show", "softmax", "--out", "p.png"], {"p.png": "kept"}, "--out p.png already exists"),
+    # Issue 63: sizes no memory holds, before anything is allocated (the allocator's traceback).
+    (["run", "extrapolate", "--d-model", "4000000", "--steps", "1"], {},
+     "--d-model 4000000: model.d_model = 4000000: a training step holds at least"),
+    (["run", "extrapolate", "--batch", "1000000000000", "--steps", "1"], {},
+     "train.batch = 1000000000000: a training step holds at least"),
+    (["run", "speed", "--suite", "big.toml"], {"big.toml": BIG_BATCH},
+     "big.toml line 5: shape.batch = 1000000000000: q and the output of one case alone"),
+    (["check", "gqa", "--param", "kv_heads=1000000000000"], {},
+     "--param kv_heads=1000000000000: the dense float64 reference"),
+    # Issue 63: the last tracebacks, and numbers without a finite range.
+    (["run", "speed", "--threads", "99999999999999999999"], {}, "usable core"),
+    (["run", "speed", "--threads", "1000"], {}, "--threads 1000: timing.threads = 1000: this "
+     "machine has"),
+    (["run", "extrapolate", "--lr", "1e308", "--steps", "1"], {},
+     "--lr 1e+308: train.lr = 1e+308 is not accepted; accepted: a number > 0 and <= 1"),
+    (["run", "speed", "--suite", "deep.toml"], {"deep.toml": DEEP},
+     "deep.toml: tables and arrays nested deeper than 16 levels"),
+    (["run", "speed", "--set", "timing.warmup_s=inf"], {},
+     "timing.warmup_s = inf is not accepted; accepted: a number from 0 to 60"),
+    (["compare", "a.csv", "b.csv", "--time-ratio", "inf"], {},
+     "--time-ratio inf: accepted: a factor > 1 and <= 100"),
+    (["compare", "a.csv", "b.csv", "--mem-tolerance-other", "nan"], {},
+     "--mem-tolerance-other nan: accepted: a number from 0 to 10"),
+    (["gate", "--base", ""], {}, "--base '': accepted: a git revision"),
+]  # fmt: skip
 
 
 def run_executable(args: list[str], cwd: Path, columns: int = 80) -> subprocess.CompletedProcess:
@@ -153,14 +193,16 @@ def run_executable(args: list[str], cwd: Path, columns: int = 80) -> subprocess.
 @pytest.mark.parametrize(("args", "files", "message"), BAD_INVOCATIONS)
 def test_bad_invocations_of_the_executable(args, files, message, tmp_path):
     for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text, encoding="utf-8")
-    before = {p: p.read_bytes() for p in tmp_path.rglob("*")}
+    before = {p: p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
     done = run_executable(args, tmp_path)
     assert done.returncode == 2, (done.stdout, done.stderr)
     errors = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and message in errors[0], done.stderr
     assert "Traceback" not in done.stderr + done.stdout
-    assert {p: p.read_bytes() for p in tmp_path.rglob("*")} == before  # nothing written
+    after = {p: p.read_bytes() if p.is_file() else None for p in tmp_path.rglob("*")}
+    assert after == before  # nothing written
 
 
 def test_cli_usage_error_exit_code():

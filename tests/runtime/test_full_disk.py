@@ -215,3 +215,44 @@ def test_run_entropy_on_a_full_disk(full_disk, tmp_path):
     line = one_error_line(result)
     assert line == "error: cannot write figure e/entropy.png: No space left on device"
     assert whole(tmp_path / "e") == ["entropy.csv"]
+
+
+SPEED = ["run", "speed", "--impl", "softmax", "--lengths", "16,32", "--device", "cpu",
+         "--threads", "1", "--rounds", "2", "--no-plot", "--out", "out"]  # fmt: skip
+
+
+def test_run_speed_with_no_room_for_its_header_leaves_no_results_file(full_disk, tmp_path):
+    """Issue 63: the disk fills as the results file starts; before, an empty results.csv was
+    left (its header cut off again) beside a sidecar of a run with no row."""
+    full_disk("results.csv")
+    line = one_error_line(runner.invoke(app, SPEED))
+    assert line == "error: cannot write out/results.csv: No space left on device"
+    assert whole(tmp_path / "out") == []
+
+
+def test_run_speed_with_no_room_for_its_first_row_leaves_no_results_file(monkeypatch, tmp_path):
+    """The first row cannot be written (a fake writer fails as a full disk does): the header
+    alone, the empty samples file and the sidecar are removed; a run with rows keeps them
+    (test_run_speed_on_a_full_disk)."""
+    from attnbench.bench import results
+    from attnbench.core.errors import AttnbenchError
+
+    def full(self, line):
+        raise AttnbenchError(f"cannot write {self.path}: {os.strerror(errno.ENOSPC)}")
+
+    monkeypatch.setattr(results.LineFile, "write", full)
+    monkeypatch.chdir(tmp_path)
+    line = one_error_line(runner.invoke(app, SPEED))
+    assert line == "error: cannot write out/results.csv: No space left on device"
+    assert whole(tmp_path / "out") == []
+
+
+def test_an_overwrite_that_finds_no_room_keeps_the_results_there(full_disk, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "results.csv").write_text("kept,\n1,\n")
+    full_disk("results.csv")
+    line = one_error_line(runner.invoke(app, [*SPEED, "--overwrite"]))
+    assert line == (
+        "error: cannot write out/results.csv: No space left on device; the one there before is kept"
+    )
+    assert (tmp_path / "out" / "results.csv").read_text() == "kept,\n1,\n"

@@ -1,7 +1,7 @@
-"""The machine's load and the thread count, in both experiments: more ``--threads`` than usable
-cores is a warning as the run starts (a single-process speed run already said so; a unit-wise
-one and an extrapolation run too), and the extrapolation sidecar keeps the load the run saw, as
-the speed sidecar does."""
+"""The machine's load and the thread count, in both experiments: more threads than usable cores
+in a suite built in code is a warning as the run starts (from a suite file, a preset or the
+command line it is refused, with the core count: issue 63), and the extrapolation sidecar keeps
+the load the run saw, as the speed sidecar does."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import pytest
 
 from attnbench.bench.sweep import run_sweep
+from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.run import run_extrapolate
 from attnbench.measure.machine import usable_cores
 from tests.helpers.extrapolation import make_corpus, run_options, tiny_cfg
@@ -25,20 +26,27 @@ def test_a_unit_wise_speed_run_warns_of_more_threads_than_cores(tmp_path):
     assert f"warning: {too_many} threads on {usable_cores()} usable cores" in said[0], said
 
 
-def test_the_extrapolation_sidecar_keeps_the_load_and_the_thread_warning(tmp_path):
+def test_an_extrapolation_preset_refuses_more_threads_than_cores(tmp_path):
+    """(Issue 63: a warning before, as the speed suite's options; now refused with the core
+    count when the preset is read, since a count beyond them only slows every thread down and
+    an absurd one overflowed torch.)"""
+    cfg = tiny_cfg(make_corpus(tmp_path / "c.txt"))
+    with pytest.raises(AttnbenchError, match=f"this machine has {usable_cores()} usable core"):
+        cfg.override({"threads": usable_cores() + 1})
+
+
+def test_the_extrapolation_sidecar_keeps_the_load(tmp_path):
     said: list[str] = []
-    too_many = usable_cores() + 1
-    cfg = tiny_cfg(make_corpus(tmp_path / "c.txt")).override({"threads": too_many})
+    cores = usable_cores()
+    cfg = tiny_cfg(make_corpus(tmp_path / "c.txt")).override({"threads": cores})
     opts = run_options(tmp_path / "x")
     opts.log = said.append
     run_extrapolate(cfg, opts)
-    warning = f"{too_many} threads on {usable_cores()} usable cores"
-    assert any(line.startswith(f"warning: {warning}") for line in said), said
+    assert not any("usable cores" in line for line in said), said
     side = json.loads((tmp_path / "x" / "extrapolate.json").read_text())
-    assert any(w.startswith(warning) for w in side["warnings"])
     if not hasattr(os, "getloadavg"):
         pytest.skip("this OS has no load average")
     load = side["load"]
     assert len(load["before_1_5_15min"]) == 3 and len(load["after_1_5_15min"]) == 3
-    assert load["threads"] == too_many and load["cores"] == usable_cores()
+    assert load["threads"] == cores and load["cores"] == cores
     assert load["others_before"] >= 0 and load["others_during"] >= 0
