@@ -4,9 +4,13 @@ The oracle is the reference path run in float64 on the same inputs. The baseline
 path run naively in the test dtype. A path passes when its error against the oracle is at most
 ``FACTOR_OUTPUT`` (outputs) or ``FACTOR_GRAD`` (gradients) times the baseline's own error, plus a
 small floor per dtype (the baseline's error can be zero or luckily tiny: in float64 the baseline
-*is* the oracle). Errors are max-abs; the floor is relative to the oracle's max-abs, and never
-below the floor of a unit-scale tensor (an all-zero oracle, e.g. dq at T = 1, must not make every
-rounding error infinitely large). Inputs are N(0, 1), so tensors are of order one.
+*is* the oracle). Errors are max-abs; the floor is relative to the size of the quantity compared:
+the oracle's max-abs, and for a gradient never less than the root mean square of the upstream
+gradient that every gradient is linear in (a gradient can cancel to 0, e.g. dq at T = 1 or at a
+saturated softmax, while the products it is summed from are of the upstream gradient's order;
+an all-zero oracle must not make every rounding error infinitely large). Nothing in the rule is
+absolute: a computation scaled by 1e-6 (a tiny upstream gradient, tiny values) is judged as
+strictly as at unit scale.
 
 The floor is what two valid orders of the same sums may differ by, so that a path that sums in
 another order (another CPU's vector width, another thread count, a tiled kernel) is not failed
@@ -75,6 +79,7 @@ class Verdict:
     baseline: float  # the naive same-dtype reference's max-abs error
     allowed: float
     ok: bool
+    scale: float = 0.0  # the size of the quantity compared, the floor's unit
 
     def __str__(self) -> str:
         return (
@@ -97,19 +102,26 @@ def judge_approximate(
     scale = max(oracle.abs().max().item(), FLOOR[torch.float64]) if oracle.numel() else 1.0
     error = max_error(fast, oracle)
     allowed = tolerance * scale
-    return Verdict(name, error, max_error(baseline, oracle), allowed, error <= allowed)
+    return Verdict(name, error, max_error(baseline, oracle), allowed, error <= allowed, scale)
 
 
 def judge(
-    name: str, fast: Tensor, baseline: Tensor, oracle: Tensor, factor: float, terms: int = 1
+    name: str,
+    fast: Tensor,
+    baseline: Tensor,
+    oracle: Tensor,
+    factor: float,
+    terms: int = 1,
+    unit: float = 0.0,
 ) -> Verdict:
-    """``terms``: the longest sum behind one element (see the module docstring)."""
+    """``terms``: the longest sum behind one element; ``unit``: the least scale the floor is
+    relative to (for a gradient, the upstream gradient's RMS; see the module docstring)."""
     e_fast = max_error(fast, oracle)
     e_base = max_error(baseline, oracle)
-    scale = max(oracle.abs().max().item() if oracle.numel() else 0.0, 1.0)
+    scale = max(oracle.abs().max().item() if oracle.numel() else 0.0, unit)
     allowed = factor * e_base + floor(fast.dtype, terms) * scale
     ok = e_fast <= allowed and bool(torch.isfinite(fast).all())
-    return Verdict(name, e_fast, e_base, allowed, ok)
+    return Verdict(name, e_fast, e_base, allowed, ok, scale)
 
 
 def run_with_grads(
@@ -137,8 +149,10 @@ def compare_paths(
     seed: int = 1,
     backward: bool = True,
     tolerance: float | None = None,
+    grad_scale: float = 1.0,
 ) -> list[Verdict]:
-    """Judge ``fast`` against ``reference`` on ``inputs`` (outputs and, if asked, gradients).
+    """Judge ``fast`` against ``reference`` on ``inputs`` (outputs and, if asked, gradients of
+    <output, g> with g ~ N(0, grad_scale^2), drawn from ``seed``).
     ``tolerance``: an approximate path's own bound (``PathSpec.tolerance``): its output alone,
     judged by :func:`judge_approximate`."""
     if tolerance is not None:
@@ -165,12 +179,16 @@ def compare_paths(
     with torch.no_grad():
         probe = reference(**test_inputs, **kwargs)
     gen = torch.Generator().manual_seed(seed)
-    grad_out = torch.randn(probe.shape, generator=gen, dtype=torch.float64)
+    grad_out = torch.randn(probe.shape, generator=gen, dtype=torch.float64) * grad_scale
+    grad_out = grad_out.to(probe.dtype).double()  # the upstream gradient all three runs read
+    upstream = grad_out.square().mean().sqrt().item() if grad_out.numel() else 0.0
     o_ref, g_ref = run_with_grads(reference, oracle_inputs, grad_out, kwargs)
     o_base, g_base = run_with_grads(reference, test_inputs, grad_out.to(dtype), kwargs)
     o_fast, g_fast = run_with_grads(fast, test_inputs, grad_out.to(dtype), kwargs)
     verdicts = [judge("output", o_fast, o_base, o_ref, FACTOR_OUTPUT, terms(o_ref))]
     for name in g_ref:
         g = g_ref[name]
-        verdicts.append(judge(f"d{name}", g_fast[name], g_base[name], g, FACTOR_GRAD, terms(g)))
+        verdicts.append(
+            judge(f"d{name}", g_fast[name], g_base[name], g, FACTOR_GRAD, terms(g), upstream)
+        )
     return verdicts

@@ -10,13 +10,17 @@ one additive ``[1, G, Mq, Mk]`` tensor (0 or -inf) broadcast over batch and head
 are the same overlapping strided view the chunked path reads (the kernel takes any strides with
 a contiguous last dimension), so nothing is gathered for a band.
 
-Parts are merged by their log-sum-exps (as the chunked path merges them). The backward uses the
-identity FlashAttention's split-KV backward rests on: with the merged output O and merged
-log-sum-exp L of a row, each part's share of the gradient is the kernel's own backward called with
+Parts are merged by their log-sum-exps, weighted relative to each row's largest and renormalised
+by the weights' sum (as the chunked path merges them). The backward uses the identity
+FlashAttention's split-KV backward rests on: with the merged output O and merged log-sum-exp L of
+a row, each part's share of the gradient is the kernel's own backward called with
 O and L in place of the part's own output and log-sum-exp (it then sees P = exp(s - L), the merged
 softmax restricted to the part's keys, and delta = rowsum(dO * O), the merged one), so the parts'
 gradients add up to the exact gradient of the merged softmax, and no gradient has to flow through
-a log-sum-exp.
+a log-sum-exp. For half inputs the backward runs the kernel in float32 and rounds each gradient
+once. Its probabilities exp(s - L) lose eps * |L| of their relative error to the float32 L: at
+scores beyond about 50 its gradients leave the tolerance rule for a stated range (docs/
+correctness.md, "At large scores"), as PyTorch's SDPA backward does.
 
 The kernel outputs zeros, and a log-sum-exp of 0, for a row whose keys are all masked; such rows
 are known from the mask and get -inf here. Masks are built once per pattern and length (the
@@ -41,6 +45,7 @@ _BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 #: dtypes the CPU flash kernel takes.
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+HALF = (torch.bfloat16, torch.float16)
 #: Prepared masks kept (each O(n * keys per query)); least recently used dropped first.
 CACHE_SIZE = 8
 _CACHE: OrderedDict[Hashable, list[_Prepared]] = OrderedDict()
@@ -67,6 +72,12 @@ class _Prepared:
     has_keys: Tensor
 
 
+def _work_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the backward runs the kernel in, and of the masks: float32 for half inputs (the
+    kernel takes a float32 mask with half operands too), else the input's."""
+    return torch.float32 if dtype in HALF else dtype
+
+
 def _prepare(parts: Sequence[Part], rule: Rule, like: Tensor) -> list[_Prepared]:
     out = []
     for part in parts:
@@ -76,7 +87,7 @@ def _prepare(parts: Sequence[Part], rule: Rule, like: Tensor) -> list[_Prepared]
         has_keys = ~blocked.all(-1)  # (G, Mq)
         mask = None
         if bool(blocked.any()):
-            mask = torch.zeros(blocked.shape, dtype=like.dtype, device=like.device)
+            mask = torch.zeros(blocked.shape, dtype=_work_dtype(like.dtype), device=like.device)
             mask = mask.masked_fill_(blocked, NEG_INF).unsqueeze(0)  # (1, G, Mq, Mk)
         out.append(_Prepared(part, mask, has_keys))
     return out
@@ -188,17 +199,27 @@ def _part_forward(q, k, v, prep: _Prepared, scale: float) -> tuple[Tensor, Tenso
 
 def _merge(results: Sequence[tuple[Tensor, Tensor]], dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """One softmax over the union of the parts' keys: the output (``dtype``) and its
-    log-sum-exp (the parts' precision, -inf on rows with no key anywhere; their output is 0)."""
+    log-sum-exp (the parts' precision, -inf on rows with no key anywhere; their output is 0).
+
+    The parts' weights are taken relative to the largest log-sum-exp of the row, w_p =
+    exp(lse_p - max), and the weighted sum is divided by their sum: a convex combination, as the
+    online softmax renormalises by its running maximum. Weighting by exp(lse_p - L) with the
+    merged L instead does not renormalise: L is rounded at the scale of the scores (one ulp of
+    1e4 in float32 is 1e-3), and that rounding scaled every output (issue 64: 2e-4 errors at
+    scores of 1e4 where a naive float32 softmax errs by 3e-8)."""
     if len(results) == 1:
         return results[0]
     lses = torch.stack([lse for _, lse in results])  # (P, B, H, n)
-    total = torch.logsumexp(lses, 0)  # (B, H, n); -inf where every part is empty
-    safe = torch.where(torch.isfinite(total), total, 0.0)
+    top = lses.amax(0)  # (B, H, n); -inf where every part is empty
+    top = torch.where(torch.isfinite(top), top, 0.0)
+    weights = torch.exp(lses - top)  # (P, B, H, n): the largest is 1 on rows with a key
+    total = weights.sum(0)  # (B, H, n): >= 1 on rows with a key, 0 on rows without
     out = None
-    for o, lse in results:
-        term = torch.exp(lse - safe).unsqueeze(-1) * o.to(lse.dtype)
+    for w, (o, _) in zip(weights, results, strict=True):
+        term = w.unsqueeze(-1) * o.to(w.dtype)
         out = term if out is None else out.add_(term)
-    return out.to(dtype), total
+    out = out.div_(torch.where(total > 0, total, 1.0).unsqueeze(-1))
+    return out.to(dtype), top + torch.log(total)  # log 0 = -inf on rows without a key
 
 
 class _FusedParts(torch.autograd.Function):
@@ -221,7 +242,13 @@ class _FusedParts(torch.autograd.Function):
         # Rows with no key at all: L = +inf makes every probability exp(s - L) zero.
         lse = torch.where(torch.isfinite(lse), lse, math.inf)
         grads: list[Tensor | None] = [None, None, None]
-        dout = dout.contiguous()
+        # Half inputs: the kernel runs in float32 here, so that every gradient is rounded to the
+        # input's dtype once, after the parts' shares of a key's gradient are added up (in half
+        # precision each share was rounded, then each sum: 2-5x a naive computation's error,
+        # e.g. BigBird's dv at an upstream gradient of 1e-6 in float16).
+        dtype, work = q.dtype, _work_dtype(q.dtype)
+        q, k, v, out = (x.to(work) for x in (q, k, v, out))
+        dout = dout.to(work).contiguous()
         for prep in ctx.prepared:
             part = prep.part
             qs = part.queries
@@ -237,7 +264,7 @@ class _FusedParts(torch.autograd.Function):
                 _keys_back(dv4, part.keys, v.shape),
             )
             grads = [s if g is None else g.add_(s) for g, s in zip(grads, shares, strict=True)]
-        dq, dk, dv = grads
+        dq, dk, dv = (g.to(dtype) for g in grads)
         return dq, dk, dv, None, None
 
 

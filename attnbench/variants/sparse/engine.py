@@ -390,11 +390,12 @@ class _ChunkedAttention(torch.autograd.Function):
     def backward(ctx, do3: Tensor | None, dlse3: Tensor | None):
         q3, k3, v3, o3, p3, inv3 = ctx.saved_tensors
         plan: _Plan = ctx.plan
-        # With p = pu / l: d(score) = pu * (do/l . v_j - (do . o - dlse) / l).
+        # With p = pu / l: d(score) = pu * (do/l . v_j - (do . o - dlse) / l), where do . o / l =
+        # sum_j pu_j (do/l . v_j) / l is summed in each chunk (which holds whole rows) from the
+        # very dp it is subtracted from: rowsum(do * o) is the same in exact arithmetic, but
+        # leaves a saturated row (pu one-hot) with the rounding difference of two sums of the
+        # same products instead of 0, which |q| ~ the scores multiplies into dk (issue 64).
         do3 = torch.zeros_like(o3) if do3 is None else do3 * inv3  # (T, Mq, Dv), do / l
-        delta = (do3 * o3).sum(-1, keepdim=True)  # (T, Mq, 1)
-        if dlse3 is not None:
-            delta = delta - dlse3.unsqueeze(-1) * inv3
         dq3 = torch.empty_like(q3)
         dk3 = torch.zeros_like(k3)
         dv3 = torch.zeros_like(v3)
@@ -405,7 +406,11 @@ class _ChunkedAttention(torch.autograd.Function):
             kc, vc = _keys(k3, plan, t0, t1), _keys(v3, plan, t0, t1)
             dv = torch.bmm(p.transpose(1, 2), do)  # (t, Mk, Dv)
             ds = torch.bmm(do, vc.transpose(1, 2))  # (t, rows, Mk) dp
-            ds.sub_(delta[t0:t1, r0:r1]).mul_(p)
+            inv = inv3[t0:t1, r0:r1]  # (t, rows, 1)
+            delta = (ds * p).sum(-1, keepdim=True).mul_(inv)  # do/l . o = sum_j p_j dp_j
+            if dlse3 is not None:
+                delta -= dlse3[t0:t1, r0:r1].unsqueeze(-1) * inv
+            ds.sub_(delta).mul_(p)
             dq3[t0:t1, r0:r1] = torch.bmm(ds, kc)
             dk = torch.bmm(ds.transpose(1, 2), q3[t0:t1, r0:r1])  # (t, Mk, D)
             _accumulate(dk3, dk, plan, t0, t1)
@@ -486,13 +491,39 @@ def merge(results: Sequence[tuple[Tensor, Tensor]]) -> Tensor:
     o = sum_p exp(lse_p - L) o_p with L = log sum_p exp(lse_p); rows empty everywhere give 0."""
     if len(results) == 1:
         return results[0][0]
-    lses = torch.stack([lse for _, lse in results])  # (P, B, H, n)
-    top = lses.detach().amax(0)
-    top = torch.where(torch.isfinite(top), top, 0.0)  # (B, H, n)
-    weights = torch.exp(lses - top)  # (P, B, H, n), the largest is 1 on non-empty rows
-    total = weights.sum(0)  # (B, H, n), >= 1 on non-empty rows, 0 on empty ones
-    out = sum(w.unsqueeze(-1) * o for w, (o, _) in zip(weights, results, strict=True))
-    return out / torch.where(total > 0, total, 1.0).unsqueeze(-1)  # (B, H, n, Dv)
+    return _Merge.apply(*(o for o, _ in results), *(lse for _, lse in results))
+
+
+class _Merge(torch.autograd.Function):
+    """:func:`merge`, weights relative to each row's largest log-sum-exp (the largest is 1) and
+    renormalised by their sum. Its backward writes the gradient of lse_p as w_p (o_p - o) . do
+    with o_p - o = sum_r w_r (o_p - o_r): differences of the parts' outputs before any product,
+    so that a row whose weight is (nearly) all in one part gets (nearly) 0 to its own relative
+    accuracy, where autograd's w_p (o_p . do - o . do) keeps the rounding difference of two sums
+    (and o's rounding), which the part's backward then multiplies by |q| into dk (issue 64)."""
+
+    @staticmethod
+    def forward(ctx, *tensors: Tensor) -> Tensor:
+        outs, lses = tensors[: len(tensors) // 2], torch.stack(tensors[len(tensors) // 2 :])
+        top = lses.amax(0)
+        top = torch.where(torch.isfinite(top), top, 0.0)  # (B, H, n)
+        weights = torch.exp(lses - top)  # (P, B, H, n), the largest is 1 on non-empty rows
+        total = weights.sum(0)  # (B, H, n), >= 1 on non-empty rows, 0 on empty ones
+        weights = weights / torch.where(total > 0, total, 1.0)  # each row's shares, sum 1 or 0
+        out = sum(w.unsqueeze(-1) * o for w, o in zip(weights, outs, strict=True))
+        ctx.save_for_backward(weights, *outs)
+        return out  # (B, H, n, Dv)
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        weights, *outs = ctx.saved_tensors
+        douts = [w.unsqueeze(-1) * dout for w in weights]
+        dlses = []
+        for w, o in zip(weights, outs, strict=True):
+            pairs = zip(weights, outs, strict=True)
+            apart = sum(u.unsqueeze(-1) * (o - other) for u, other in pairs)  # o - out
+            dlses.append(w * (apart * dout).sum(-1))
+        return (*douts, *dlses)
 
 
 def attend_chunked(q: Tensor, k: Tensor, v: Tensor, parts: Sequence[Part], rule: Rule) -> Tensor:
