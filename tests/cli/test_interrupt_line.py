@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.runtime.interrupts import Stopped
 from tests.helpers.extrapolation import make_corpus
-from tests.runtime.test_stop_and_kill import ENV, start, wait_for
+from tests.helpers.processes import ENV, start, wait_for
 
 runner = CliRunner()
 

@@ -20,8 +20,7 @@ from attnbench.extrapolation.train import (
     train,
 )
 from attnbench.runtime.tomlconfig import parse_settings
-from tests.extrapolation.test_training_options import tiny_model
-from tests.helpers.extrapolation import assert_shares_add_up, train_key
+from tests.helpers.extrapolation import assert_shares_add_up, tiny_model, train_key
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

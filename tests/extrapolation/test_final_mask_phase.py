@@ -22,14 +22,14 @@ from attnbench.extrapolation.train import (
     train,
 )
 from attnbench.runtime.tomlconfig import parse_settings
-from tests.extrapolation.test_training_options import (
+from tests.helpers.extrapolation import (
     COUNTING,
     PINNED_STREAM,
     L,
     tiny_model,
+    train_key,
     whole_windows,
 )
-from tests.helpers.extrapolation import train_key
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

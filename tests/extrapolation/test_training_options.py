@@ -24,9 +24,6 @@ from attnbench.extrapolation.evaluate import EvalStream, evaluate
 from attnbench.extrapolation.model import (
     MASK_ID,
     EvalPositions,
-    MixerSpec,
-    ModelConfig,
-    build_model,
 )
 from attnbench.extrapolation.run import run_extrapolate
 from attnbench.extrapolation.train import (
@@ -41,22 +38,21 @@ from attnbench.extrapolation.train import (
 )
 from attnbench.layers import AttentionMixer, Rotary
 from attnbench.runtime.tomlconfig import parse_settings
-from tests.helpers.extrapolation import TINY, make_corpus, run_options, tiny_cfg
+from tests.helpers.extrapolation import (
+    COUNTING,
+    PINNED_STREAM,
+    TINY,
+    L,
+    make_corpus,
+    run_options,
+    tiny_cfg,
+    tiny_model,
+    whole_windows,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-L = 16  # the training length of these tiny models
 F64 = torch.float64
-#: A stream whose bytes step by one: a window is contiguous iff its bytes do.
-COUNTING = (torch.arange(5000) % 256).to(torch.uint8)
-#: The stream the pinned numbers below were computed on (before the options existed).
-PINNED_STREAM = (torch.arange(4000) * 7919 % 251).to(torch.uint8)
-
-
-def tiny_model(mechanism: str = "softmax", seed: int = 3, **params):
-    torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=16, layers=1, heads=2, train_len=L)
-    return build_model(cfg, MixerSpec(mechanism, params=params))
 
 
 def run_training(cfg: TrainConfig, path: Path, model=None, **kw):
@@ -78,13 +74,6 @@ def run_training(cfg: TrainConfig, path: Path, model=None, **kw):
         **kw,
     )
     return outcome, model, losses
-
-
-def whole_windows(batch) -> torch.Tensor:
-    """The batch's windows with their masked bytes put back."""
-    tokens = batch.inputs.clone()
-    tokens[batch.mask] = batch.targets
-    return tokens
 
 
 # --------------------------------------------------------------------------------------------

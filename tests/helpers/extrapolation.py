@@ -1,12 +1,16 @@
 """Tiny extrapolation runs: the CLI flags of a tiny config, a word corpus, a tiny config and run
-options for calling ``run_extrapolate`` from Python (CPU, seconds)."""
+options for calling ``run_extrapolate`` from Python (CPU, seconds); a tiny model and the pinned
+streams of the training tests."""
 
 from __future__ import annotations
 
 import json
 import random
 
+import torch
+
 from attnbench.extrapolation.config import load_preset
+from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
 from attnbench.extrapolation.run import RunOptions, run_extrapolate
 from attnbench.runtime.progress import Silent
 
@@ -16,6 +20,26 @@ TINY = [
     "--steps", "12", "--warmup", "2", "--eval-lengths", "16,32,64", "--eval-tokens", "384",
     "--threads", "1", "--ckpt-every", "5",
 ]  # fmt: skip
+
+#: The training length of the tiny models of the training tests.
+L = 16
+#: A stream whose bytes step by one: a window is contiguous iff its bytes do.
+COUNTING = (torch.arange(5000) % 256).to(torch.uint8)
+#: The stream the pinned numbers below were computed on (before the options existed).
+PINNED_STREAM = (torch.arange(4000) * 7919 % 251).to(torch.uint8)
+
+
+def tiny_model(mechanism: str = "softmax", seed: int = 3, **params):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=16, layers=1, heads=2, train_len=L)
+    return build_model(cfg, MixerSpec(mechanism, params=params))
+
+
+def whole_windows(batch) -> torch.Tensor:
+    """The batch's windows with their masked bytes put back."""
+    tokens = batch.inputs.clone()
+    tokens[batch.mask] = batch.targets
+    return tokens
 
 
 WORD_TEXT = (

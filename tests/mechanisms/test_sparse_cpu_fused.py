@@ -16,7 +16,7 @@ from attnbench.core.spec import Shape
 from attnbench.core.testing import compare_paths
 from attnbench.measure.memory import cpu_peak
 from attnbench.variants.sparse import cpu_fused
-from tests.mechanisms.test_sparse import AT_1000, SMALL, SPARSE
+from tests.helpers.sparse import AT_1000, SMALL, SPARSE
 
 
 def _inputs(name: str, params: dict, n: int, dtype=torch.float32, shape=(2, 3, 8), seed=0):

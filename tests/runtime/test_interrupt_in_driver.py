@@ -110,7 +110,7 @@ def test_ctrl_c_while_the_driver_writes_a_ray_result_stops_the_other_tasks_as_ct
     """The Ray pool (a stand-in for Ray): a Ctrl-C while the driver writes the first task's
     checkpoint stops the others as Ctrl-C does, and the one that finishes meanwhile is kept."""
     from attnbench.runtime.ray_tasks import tasks_with_one_retry
-    from tests.runtime.test_runtime import StoppingRay, flaky
+    from tests.helpers.fake_ray import StoppingRay, flaky
 
     ray, handled = StoppingRay(finishing=("c",)), []
 

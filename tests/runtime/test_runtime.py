@@ -11,6 +11,7 @@ import pytest
 
 from attnbench.runtime.processes import WorkerProcess, run_each_in_a_process
 from attnbench.runtime.ray_tasks import error_reason, tasks_with_one_retry
+from tests.helpers.fake_ray import FakeRay, StoppingRay, flaky
 
 
 def job(x, offset=0):
@@ -64,65 +65,6 @@ def test_each_job_in_its_own_process_several_at_once():
     assert found["raise"][0] == "error" and isinstance(found["raise"][1], ValueError)
 
 
-class Ref:
-    """A task's result, as Ray's object reference stands for it (hashable, by identity)."""
-
-    def __init__(self, kind, value):
-        self.kind, self.value = kind, value
-
-
-class FakeRay:
-    """Ray's calls as the runtime uses them, run in this process: ``remote`` records its options,
-    ``get`` raises what the task raised."""
-
-    def __init__(self):
-        self.calls: list[tuple[dict, tuple]] = []
-        self.cancelled: list[tuple[object, bool]] = []
-        self.waited: list[float | None] = []
-
-    def remote(self, **options):
-        def wrap(fn):
-            calls = self.calls
-
-            class Task:
-                def remote(self, *args):
-                    calls.append((options, args))
-                    try:
-                        return Ref("value", fn(*args))
-                    except Exception as e:
-                        return Ref("error", e)
-
-            return Task()
-
-        return wrap
-
-    def wait(self, refs, num_returns, timeout=None):
-        self.waited.append(timeout)
-        return refs[:num_returns], refs[num_returns:]
-
-    def get(self, ref):
-        if ref.kind == "error":
-            raise ref.value
-        return ref.value
-
-    def cancel(self, ref, force):
-        self.cancelled.append((ref, force))
-
-
-class WorkerCrashedError(Exception):
-    pass
-
-
-def flaky(name, attempt):
-    if name == "crash-once" and attempt == 1:
-        raise WorkerCrashedError("the worker died")
-    if name == "always":
-        raise RuntimeError(f"broken on attempt {attempt}\nsecond line")
-    if name == "bad-result" and attempt == 1:
-        return {"status": "failed", "reason": "sticky"}
-    return {"status": "ok", "name": name, "attempt": attempt}
-
-
 def test_a_failed_task_is_retried_once_in_a_fresh_process():
     ray, retried = FakeRay(), []
     jobs = ["fine", "crash-once", "always", "bad-result"]
@@ -154,21 +96,6 @@ def test_a_failed_task_is_retried_once_in_a_fresh_process():
     assert all(o == {"max_retries": 0, "num_cpus": 2} for o in first)
     assert all(o == {"max_retries": 0, "max_calls": 1, "num_cpus": 2} for o in again)
     assert len(again) == 3
-
-
-class StoppingRay(FakeRay):
-    """While stopping (a wait with a timeout), only the tasks of ``finishing`` end in time."""
-
-    def __init__(self, finishing):
-        super().__init__()
-        self.finishing = finishing
-
-    def wait(self, refs, num_returns, timeout=None):
-        if timeout is None:
-            return super().wait(refs, num_returns)
-        self.waited.append(timeout)
-        ended = [r for r in refs if r.kind == "value" and r.value["name"] in self.finishing]
-        return ended, [r for r in refs if r not in ended]
 
 
 def test_ctrl_c_stops_what_is_pending_as_ctrl_c_then_kills_it():
