@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from attnbench.extrapolation import longrange_report, report
+from attnbench.extrapolation.analysis import longrange_report, report
 
 
 def _spec(spec: str) -> tuple[str, Path]:

@@ -98,17 +98,17 @@ CANDIDATES: dict[str, dict[str, str]] = {
 
 
 def _config(overrides: dict[str, str]):
-    from attnbench.extrapolation.config import load_preset
+    from attnbench.extrapolation.experiment.config import load_preset
 
     return load_preset("cpu").override(PRESET_AS_IT_WAS | overrides)
 
 
 def cost(args) -> None:
     """Median step time per candidate, interleaved, one thread."""
-    from attnbench.extrapolation.config import VARIANTS
-    from attnbench.extrapolation.model import build_model
-    from attnbench.extrapolation.plan import RunOptions, read_inputs
-    from attnbench.extrapolation.train import BatchSampler, make_optimizer, masked_loss
+    from attnbench.extrapolation.experiment.config import VARIANTS
+    from attnbench.extrapolation.experiment.plan import RunOptions, read_inputs
+    from attnbench.extrapolation.model.encoder import build_model
+    from attnbench.extrapolation.training.loop import BatchSampler, make_optimizer, masked_loss
 
     torch.set_num_threads(1)
     base = _config({})
@@ -162,10 +162,10 @@ def compiled(args) -> None:
     at the same CPU time?"""
     from torch.profiler import ProfilerActivity, profile
 
-    from attnbench.extrapolation.config import VARIANTS, load_preset
-    from attnbench.extrapolation.model import build_model
-    from attnbench.extrapolation.plan import RunOptions, read_inputs
-    from attnbench.extrapolation.train import TrainingBatches, make_optimizer, masked_loss
+    from attnbench.extrapolation.experiment.config import VARIANTS, load_preset
+    from attnbench.extrapolation.experiment.plan import RunOptions, read_inputs
+    from attnbench.extrapolation.model.encoder import build_model
+    from attnbench.extrapolation.training.loop import TrainingBatches, make_optimizer, masked_loss
 
     torch.set_num_threads(1)
     cfg = load_preset("cpu")

@@ -14,8 +14,8 @@ from attnbench.core.errors import AttnbenchError
 from attnbench.runtime.interrupts import Stopped
 
 if TYPE_CHECKING:  # torch and the library are imported inside the commands (fast --help)
-    from attnbench.extrapolation.config import ExtrapConfig
-    from attnbench.extrapolation.plan import RunOptions
+    from attnbench.extrapolation.experiment.config import ExtrapConfig
+    from attnbench.extrapolation.experiment.plan import RunOptions
 
 
 class Executor(Choice):
@@ -241,11 +241,11 @@ def extrapolate(
 
     Example: [bold]attnbench run extrapolate --seeds 3 --impl local --out results/x[/bold]
     """
-    from attnbench.extrapolation.run import run_extrapolate
-    from attnbench.extrapolation.train import Interrupted
+    from attnbench.extrapolation.experiment.run import run_extrapolate
+    from attnbench.extrapolation.training.loop import Interrupted
 
     if tensorboard is not None:
-        from attnbench.extrapolation.curves import require_tensorboard
+        from attnbench.extrapolation.training.curves import require_tensorboard
 
         require_tensorboard()
     # The options of CONFIG_FIELDS reach the config through ctx.params (every parameter's value).
@@ -271,7 +271,7 @@ def extrapolate(
 def _config(preset: str, params: Mapping[str, Any], settings: list[str] | None) -> ExtrapConfig:
     """The preset, with the config options given and then every --set SECTION.FIELD=VALUE
     merged over it, then checked (an error names the option that set the value)."""
-    from attnbench.extrapolation.config import load_preset
+    from attnbench.extrapolation.experiment.config import load_preset
     from attnbench.runtime.tomlconfig import Setting, parse_settings
 
     options = {field: name for name, field in CONFIG_FIELDS.items()}
@@ -286,7 +286,7 @@ def _run_options(cfg: ExtrapConfig, params: Mapping[str, Any]) -> RunOptions:
     """How to run (everything that is not the config): a RunOptions from the command's
     parameters (``--shard`` implies ``--train-only``)."""
     from attnbench.cli.progress import default_progress
-    from attnbench.extrapolation.plan import RunOptions
+    from attnbench.extrapolation.experiment.plan import RunOptions
     from attnbench.runtime.engines import parse_shard
 
     shard = parse_shard(params["shard"]) if params["shard"] is not None else None
@@ -311,7 +311,7 @@ def _run_options(cfg: ExtrapConfig, params: Mapping[str, Any]) -> RunOptions:
 
 def _print_units(cfg: ExtrapConfig, opts: RunOptions) -> None:
     """``--list-units``: the run's units as JSON on stdout."""
-    from attnbench.extrapolation.plan import list_units
+    from attnbench.extrapolation.experiment.plan import list_units
 
     opts.check()
     typer.echo(json.dumps([u.as_dict(opts.shard) for u in list_units(cfg, opts)], indent=1))
@@ -349,8 +349,8 @@ def entropy(
 
     Example: [bold]attnbench run entropy --max-n 1024[/bold]
     """
-    from attnbench.extrapolation.config import load_preset
-    from attnbench.extrapolation.entropy import EntropyOptions, run_entropy
+    from attnbench.extrapolation.analysis.entropy import EntropyOptions, run_entropy
+    from attnbench.extrapolation.experiment.config import load_preset
 
     cfg = load_preset(preset)
     if checkpoints is not None and not checkpoints.is_dir():

@@ -1,5 +1,5 @@
 """What both experiments share to run beyond one process (:mod:`attnbench.bench.sweep` for speed
-sweeps, :mod:`attnbench.extrapolation.units` for trainings; the processes and Ray tasks
+sweeps, :mod:`attnbench.extrapolation.experiment.units` for trainings; the processes and Ray tasks
 themselves: :mod:`attnbench.runtime.processes`, :mod:`attnbench.runtime.ray_tasks`): shard specs,
 Ray's start-up and resource check, and how a dead worker process is described. No torch here.
 

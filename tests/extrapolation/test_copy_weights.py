@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from attnbench.extrapolation import longrange
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
-from attnbench.extrapolation.train import (
+from attnbench.extrapolation.evaluation import longrange
+from attnbench.extrapolation.experiment.config import load_preset
+from attnbench.extrapolation.model.encoder import MixerSpec, ModelConfig, build_model
+from attnbench.extrapolation.training.loop import (
     TrainConfig,
     TrainingBatches,
     masked_loss,

@@ -17,24 +17,24 @@ from typer.testing import CliRunner
 from attnbench import registry
 from attnbench.cli import app
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.config import load_preset, resolve_variants
-from attnbench.extrapolation.entropy import EntropyOptions, run_entropy
-from attnbench.extrapolation.evaluate import (
+from attnbench.extrapolation.analysis.entropy import EntropyOptions, run_entropy
+from attnbench.extrapolation.evaluation.evaluate import (
     LengthCheckError,
     evaluate,
     make_eval_stream,
     spread,
 )
-from attnbench.extrapolation.model import (
+from attnbench.extrapolation.experiment.config import load_preset, resolve_variants
+from attnbench.extrapolation.experiment.run import RunOptions, run_extrapolate
+from attnbench.extrapolation.model.encoder import (
     MixerSpec,
     MLMEncoder,
     ModelConfig,
     build_model,
     is_whole_block,
 )
-from attnbench.extrapolation.run import RunOptions, run_extrapolate
-from attnbench.extrapolation.train import Interrupted
-from attnbench.extrapolation.tricks import TrickMixer, parse_tricks
+from attnbench.extrapolation.model.tricks import TrickMixer, parse_tricks
+from attnbench.extrapolation.training.loop import Interrupted
 from attnbench.layers import make_layer
 from attnbench.runtime.progress import Silent
 from attnbench.variants import softmax
@@ -667,7 +667,7 @@ def test_yarn_interpolates_frequencies_by_parts():
     """YaRN's frequencies, written out per pair from Peng et al. 2023 (eq. of the ramp), for
     L = 64, head dim 64, n = 256: pairs with fewer than alpha turns over L are divided by s,
     pairs with more than beta kept, the rest in between."""
-    from attnbench.extrapolation.tricks import YARN_ALPHA, YARN_BETA, yarn_freq_scale
+    from attnbench.extrapolation.model.tricks import YARN_ALPHA, YARN_BETA, yarn_freq_scale
 
     L, D, base, s = 64, 64, 10000.0, 4.0
     got = yarn_freq_scale(D, base, L, s)

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation import report, results
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.evaluate import EvalStream
+from attnbench.extrapolation.analysis import report
+from attnbench.extrapolation.evaluation.evaluate import EvalStream
+from attnbench.extrapolation.experiment import results
+from attnbench.extrapolation.experiment.config import load_preset
 
 SEEDS = (0, 1, 2)
 LENGTHS = (64, 128)

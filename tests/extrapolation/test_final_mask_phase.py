@@ -13,9 +13,10 @@ import torch
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.extrapolation import baseline, report
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.train import (
+from attnbench.extrapolation.analysis import report
+from attnbench.extrapolation.evaluation import floors as baseline
+from attnbench.extrapolation.experiment.config import load_preset
+from attnbench.extrapolation.training.loop import (
     TrainConfig,
     TrainingBatches,
     load_checkpoint,

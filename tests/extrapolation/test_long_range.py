@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnbench.extrapolation import longrange
-from attnbench.extrapolation.model import MASK_ID, MixerSpec, ModelConfig, build_model
+from attnbench.extrapolation.evaluation import longrange
+from attnbench.extrapolation.model.encoder import MASK_ID, MixerSpec, ModelConfig, build_model
 
 
 def plain_plant(window: list[int], start: int, d: int, m: int) -> tuple[list[int], list[int]]:
@@ -140,7 +140,7 @@ def test_training_copies_touch_only_the_chosen_share():
 
 
 def test_training_batches_with_copies_keep_the_masks_and_the_default_draws():
-    from attnbench.extrapolation.train import TrainConfig, TrainingBatches
+    from attnbench.extrapolation.training.loop import TrainConfig, TrainingBatches
 
     stream = torch.randint(0, 256, (5000,), generator=torch.Generator().manual_seed(8))
     stream = stream.to(torch.uint8)
@@ -160,7 +160,7 @@ def test_training_batches_with_copies_keep_the_masks_and_the_default_draws():
 def test_a_run_with_the_long_range_span_writes_both_spans(tmp_path):
     import pandas as pd
 
-    from attnbench.extrapolation.run import run_extrapolate
+    from attnbench.extrapolation.experiment.run import run_extrapolate
     from tests.helpers.extrapolation import make_corpus, run_options, tiny_cfg
 
     cfg = tiny_cfg(make_corpus(tmp_path / "corpus.txt")).override(

@@ -18,15 +18,15 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.distributed import shares
-from attnbench.extrapolation.evaluate import EvalStream, evaluate
-from attnbench.extrapolation.model import (
+from attnbench.extrapolation.evaluation.evaluate import EvalStream, evaluate
+from attnbench.extrapolation.experiment.config import load_preset
+from attnbench.extrapolation.experiment.run import run_extrapolate
+from attnbench.extrapolation.model.encoder import (
     MASK_ID,
     EvalPositions,
 )
-from attnbench.extrapolation.run import run_extrapolate
-from attnbench.extrapolation.train import (
+from attnbench.extrapolation.training.distributed import shares
+from attnbench.extrapolation.training.loop import (
     BatchSampler,
     TrainConfig,
     TrainingBatches,
@@ -199,7 +199,7 @@ def test_resume_mid_run_equals_an_uninterrupted_run(tmp_path, options):
 def test_heldout_probe_stays_at_the_training_length(tmp_path):
     """The probe's windows are L long and measured at 0..L-1, whatever the options: its loss
     after training is masked_loss of the trained model with no positions."""
-    from attnbench.extrapolation.train import HeldoutProbe
+    from attnbench.extrapolation.training.loop import HeldoutProbe
 
     probe = HeldoutProbe.from_stream(PINNED_STREAM, L, 6, 0.15, seed=2, every=2)
     cfg = TrainConfig(batch=4, steps=4, warmup=1, window_lengths=(4, 8), random_positions=64)

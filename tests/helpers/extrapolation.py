@@ -9,9 +9,9 @@ import random
 
 import torch
 
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
-from attnbench.extrapolation.run import RunOptions, run_extrapolate
+from attnbench.extrapolation.experiment.config import load_preset
+from attnbench.extrapolation.experiment.run import RunOptions, run_extrapolate
+from attnbench.extrapolation.model.encoder import MixerSpec, ModelConfig, build_model
 from attnbench.runtime.progress import Silent
 
 #: CLI flags of a tiny run: one small layer, 12 steps, three short evaluation lengths.
@@ -101,7 +101,7 @@ def evaluate_rows_on_tiny_o(tmp_path, rows: str, **settings):
 
 def softmax_key(cfg) -> dict:
     """A softmax variant's checkpoint key under ``cfg`` (seed 0)."""
-    from attnbench.extrapolation.plan import checkpoint_key
+    from attnbench.extrapolation.experiment.plan import checkpoint_key
 
     class Variant:  # checkpoint_key reads the variant's spec only
         class spec:  # noqa: N801
@@ -124,8 +124,8 @@ def assert_shares_add_up(model, batch, windows: int, ranks: int, positions=None,
     import pytest
     import torch
 
-    from attnbench.extrapolation.distributed import shares
-    from attnbench.extrapolation.train import masked_loss, share_loss
+    from attnbench.extrapolation.training.distributed import shares
+    from attnbench.extrapolation.training.loop import masked_loss, share_loss
 
     whole = masked_loss(model, *batch, positions, weights)
     whole.backward()

@@ -23,7 +23,7 @@ class Job:
 def ctrl_c_or_save(job: Job) -> str:
     """Seed 0 gets its Ctrl-C before a training began (KeyboardInterrupt at once); the others
     train until SIGTERM, then take a while to save, then raise Interrupted, as a training does."""
-    from attnbench.extrapolation.train import Interrupted
+    from attnbench.extrapolation.training.loop import Interrupted
 
     if job.seed == 0:
         time.sleep(0.3)  # let the other start

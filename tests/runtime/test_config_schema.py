@@ -303,7 +303,7 @@ def test_run_extrapolate_options_and_set_share_one_path():
     """The options that set one field and --set both become settings over the preset: checked
     by the same schema, the error naming the option; --set wins."""
     from attnbench.cli.extrapolate import CONFIG_FIELDS, _config
-    from attnbench.extrapolation.config import load_preset
+    from attnbench.extrapolation.experiment.config import load_preset
 
     params = dict.fromkeys(CONFIG_FIELDS) | {"steps": 5, "eval_lengths": "16,32"}
     cfg = _config("cpu", params, ["train.steps=7", 'run.variants=["O"]', "lr=3e-4"])
@@ -318,9 +318,9 @@ def test_run_extrapolate_options_and_set_share_one_path():
 
 
 def test_extrapolation_sections_check_themselves():
-    from attnbench.extrapolation.config import EvalConfig, RunConfig, load_preset
-    from attnbench.extrapolation.model import ModelConfig
-    from attnbench.extrapolation.train import TrainConfig
+    from attnbench.extrapolation.experiment.config import EvalConfig, RunConfig, load_preset
+    from attnbench.extrapolation.model.encoder import ModelConfig
+    from attnbench.extrapolation.training.loop import TrainConfig
 
     with pytest.raises(Invalid, match="not divisible by heads = 3"):
         ModelConfig(d_model=128, heads=3)

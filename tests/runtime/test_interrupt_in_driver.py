@@ -22,7 +22,7 @@ READY = ".ready"  # a training that waits for SIGTERM says so with this file bes
 def finish_or_save(job: Job) -> str:
     """Seed 0 returns once every other job is ready for SIGTERM (so that it ends while they
     run); the others wait for SIGTERM, take a while to save, then raise Interrupted."""
-    from attnbench.extrapolation.train import Interrupted
+    from attnbench.extrapolation.training.loop import Interrupted
 
     if job.seed == 0:
         deadline = time.monotonic() + 60
@@ -136,7 +136,7 @@ def test_ctrl_c_while_the_driver_writes_a_ray_result_stops_the_other_tasks_as_ct
 
 
 def test_ctrl_c_while_the_driver_handles_a_result_stops_the_running_worker_gently(tmp_path):
-    from attnbench.extrapolation.train import Interrupted
+    from attnbench.extrapolation.training.loop import Interrupted
 
     jobs, handled = two_jobs(tmp_path), []
 
@@ -157,8 +157,8 @@ def test_ctrl_c_while_the_driver_handles_a_result_stops_the_running_worker_gentl
 def test_ctrl_c_while_a_finished_training_is_logged_lets_the_other_save(tmp_path):
     """The extrapolation run's driver: a Ctrl-C while it logs the first training's summary
     line ends as every Ctrl-C does, with the other training's checkpoint and its Interrupted."""
-    from attnbench.extrapolation.train import Interrupted
-    from attnbench.extrapolation.units import train_in_processes
+    from attnbench.extrapolation.experiment.units import train_in_processes
+    from attnbench.extrapolation.training.loop import Interrupted
 
     jobs, lines = two_jobs(tmp_path), []
 

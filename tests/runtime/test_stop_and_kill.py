@@ -215,8 +215,8 @@ def test_joining_a_port_that_answers_but_is_no_ray_head_has_a_time_limit():
 def test_a_worker_stopped_before_training_does_not_cut_the_others_saves(tmp_path):
     """One worker's own Ctrl-C (before its training began) stops the run as Ctrl-C does: the
     other workers are asked to stop and their checkpoints are written, not killed half-way."""
-    from attnbench.extrapolation.train import Interrupted
-    from attnbench.extrapolation.units import train_in_processes
+    from attnbench.extrapolation.experiment.units import train_in_processes
+    from attnbench.extrapolation.training.loop import Interrupted
     from tests.helpers.stopping_jobs import Job, Variant, ctrl_c_or_save
 
     jobs = [Job(Variant("O"), seed, tmp_path / f"O-seed{seed}.pt") for seed in (0, 1)]

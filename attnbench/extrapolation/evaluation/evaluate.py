@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.model import MASK_ID, EvalPositions
-from attnbench.extrapolation.tricks import TrickMixer
+from attnbench.extrapolation.model.encoder import MASK_ID, EvalPositions
+from attnbench.extrapolation.model.tricks import TrickMixer
 from attnbench.layers import AttentionMixer
 
 #: A row counts as a probability distribution when its entries are >= -ROW_TOL and sum to 1 +-.

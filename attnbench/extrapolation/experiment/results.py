@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
-from attnbench.extrapolation import curves, longrange_report, report
-from attnbench.extrapolation.config import ExtrapConfig
-from attnbench.extrapolation.eval_tasks import PIECES
-from attnbench.extrapolation.evaluate import EvalStream
-from attnbench.extrapolation.plan import RunInputs, RunOptions, threads_per_process
+from attnbench.extrapolation.analysis import longrange_report, report
+from attnbench.extrapolation.evaluation.evaluate import EvalStream
+from attnbench.extrapolation.experiment.config import ExtrapConfig
+from attnbench.extrapolation.experiment.evaluations import PIECES
+from attnbench.extrapolation.experiment.plan import RunInputs, RunOptions, threads_per_process
+from attnbench.extrapolation.training import curves
 from attnbench.measure import machine
 from attnbench.runtime.outputs import write_text
 from attnbench.runtime.portable import portable

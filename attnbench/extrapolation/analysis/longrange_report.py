@@ -19,8 +19,8 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.extrapolation import report, stats
-from attnbench.extrapolation.longrange import LongRangeResult
+from attnbench.extrapolation.analysis import report, stats
+from attnbench.extrapolation.evaluation.longrange import LongRangeResult
 from attnbench.runtime.outputs import atomic_open, save_figure
 
 #: The row key holding a model row's long-range cells (a list of :class:`LongRangeResult`).

@@ -23,10 +23,10 @@ from typing import Any
 
 from attnbench import registry
 from attnbench.core.errors import AttnbenchError, unknown
-from attnbench.extrapolation.longrange import COPY_LENGTH, DISTANCES
-from attnbench.extrapolation.model import MixerSpec, ModelConfig
-from attnbench.extrapolation.train import TrainConfig
-from attnbench.extrapolation.tricks import Tricks, parse_tricks, settings_problem
+from attnbench.extrapolation.evaluation.longrange import COPY_LENGTH, DISTANCES
+from attnbench.extrapolation.model.encoder import MixerSpec, ModelConfig
+from attnbench.extrapolation.model.tricks import Tricks, parse_tricks, settings_problem
+from attnbench.extrapolation.training.loop import TrainConfig
 from attnbench.runtime import tomlconfig
 from attnbench.runtime.schema import (
     Checked,
@@ -124,7 +124,8 @@ class EvalConfig(Checked):
     long_range: bool = setting(
         False,
         "also evaluate every row on the long-range span (a verbatim copy of each window's own "
-        "earlier bytes at distance d; attnbench.extrapolation.longrange): longrange.csv / .md",
+        "earlier bytes at distance d; attnbench.extrapolation.evaluation.longrange): longrange.csv "
+        "/ .md",
     )
     copy_length: int = setting(
         COPY_LENGTH, "long-range span: bytes copied per window (at most n - d)", valid=at_least(1)

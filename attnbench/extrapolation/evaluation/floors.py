@@ -5,7 +5,7 @@ the byte seen most often with the same ``width`` neighbours on each side *as the
 (width 3 by default: the +-3 symbols around it), where a masked neighbour is the symbol [MASK] and a
 position beyond the window's edge is the symbol EDGE, exactly the information the model's input
 holds about those seven positions. The table is counted from the masked positions of the model's own
-training batches (:class:`~attnbench.extrapolation.train.TrainingBatches` under the config's
+training batches (:class:`~attnbench.extrapolation.training.loop.TrainingBatches` under the config's
 training options, seeded like the first training seed), so it is built from the very masked
 examples the first seed's models were trained on, as many as they saw. Where a context never
 occurred in those examples it backs off to +-(width - 1) symbols, down to +-0: the most frequent
@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from attnbench.extrapolation.train import TrainConfig
+    from attnbench.extrapolation.training.loop import TrainConfig
 
 #: Symbols on each side of the masked byte the largest context uses.
 WIDTH = 3
@@ -163,9 +163,9 @@ class MaskedContextCounts:
         cls, train: Tensor, cfg: TrainConfig, train_len: int, seed: int, width: int = WIDTH
     ) -> MaskedContextCounts:
         """Counted over the masked positions of the ``cfg.steps`` training batches that
-        :func:`~attnbench.extrapolation.train.train` draws with ``seed`` under ``cfg`` (window
-        lengths and planted copies included)."""
-        from attnbench.extrapolation.train import TrainingBatches  # train imports the model
+        :func:`~attnbench.extrapolation.training.loop.train` draws with ``seed`` under ``cfg``
+        (window lengths and planted copies included)."""
+        from attnbench.extrapolation.training.loop import TrainingBatches  # train imports the model
 
         batches = TrainingBatches(train, cfg, train_len, seed)
         parts, centres = [], []

@@ -17,17 +17,18 @@ import torch
 from attnbench.core.errors import AttnbenchError
 from attnbench.data import Corpus, load_corpus
 from attnbench.data.corpus import Split
-from attnbench.extrapolation import distributed, units
-from attnbench.extrapolation.config import (
+from attnbench.extrapolation.evaluation.evaluate import EvalStream, make_eval_stream
+from attnbench.extrapolation.experiment import units
+from attnbench.extrapolation.experiment.config import (
     EvalTimeVariant,
     ExtrapConfig,
     TrainedVariant,
     resolve_eval_time,
     resolve_variants,
 )
-from attnbench.extrapolation.evaluate import EvalStream, make_eval_stream
-from attnbench.extrapolation.model import build_model
-from attnbench.extrapolation.train import (
+from attnbench.extrapolation.model.encoder import build_model
+from attnbench.extrapolation.training import distributed
+from attnbench.extrapolation.training.loop import (
     HISTORY_EVERY,
     HeldoutProbe,
     check_key,
@@ -64,7 +65,7 @@ class RunOptions:
     #: Steps between the points of the training curves (and of the checkpoint's history).
     log_every: int = HISTORY_EVERY
     #: Variants whose finished checkpoints are also kept as float16 weights in OUT/weights
-    #: (:mod:`attnbench.extrapolation.weights`).
+    #: (:mod:`attnbench.extrapolation.training.weights`).
     keep_weights: list[str] = field(default_factory=list)
     #: A TensorBoard log folder for the training curves (needs the tensorboard package).
     tensorboard: Path | None = None

@@ -1,12 +1,13 @@
 """Training curves: loss and learning rate per logged step, as CSV, TensorBoard and a figure.
 
-The record is the checkpoint's ``history`` (:class:`attnbench.extrapolation.train.CurvePoint`,
-every ``log_every`` steps). Each training writes it as it goes to
-``<checkpoints>/curves/<variant>-seed<k>.csv`` (beside the checkpoint it belongs to, so two
-processes sharing a checkpoint folder never write the same file), one flushed row per point: an
-interrupted run keeps every point it logged. A resumed training first rewrites that file from its
-checkpoint's history (the points up to the checkpoint's step), then appends: points logged after
-the checkpoint by the run that died are dropped and logged again, never twice. The run then
+The record is the checkpoint's ``history``
+(:class:`attnbench.extrapolation.training.loop.CurvePoint`, every ``log_every`` steps). Each
+training writes it as it goes to ``<checkpoints>/curves/<variant>-seed<k>.csv`` (beside the
+checkpoint it belongs to, so two processes sharing a checkpoint folder never write the same file),
+one flushed row per point: an interrupted run keeps every point it logged. A resumed training first
+rewrites that file from its checkpoint's history (the points up to the checkpoint's step), then
+appends: points logged after the checkpoint by the run that died are dropped and logged again, never
+twice. The run then
 gathers the curves of all its trainings into one tidy ``<out>/curves.csv`` (columns
 :data:`COLUMNS`) that ``attnbench plot`` draws.
 
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.train import CurvePoint, TrainConfig, lr_at
+from attnbench.extrapolation.training.loop import CurvePoint, TrainConfig, lr_at
 from attnbench.runtime.outputs import atomic_open, save_figure
 
 COLUMNS = ("variant", "seed", "step", "loss", "lr", "tokens_per_s", "train_time_s",

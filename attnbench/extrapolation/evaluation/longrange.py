@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnbench.extrapolation.model import MASK_ID, EvalPositions
+from attnbench.extrapolation.model.encoder import MASK_ID, EvalPositions
 
 #: Bytes copied per window (at most n - d).
 COPY_LENGTH = 64

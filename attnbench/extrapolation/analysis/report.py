@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation import stats
+from attnbench.extrapolation.analysis import stats
 from attnbench.runtime.outputs import atomic_open, save_figure
 
 #: Su 2021's table: MLM accuracy (%) of RoFormer small trained at n = 64.
@@ -388,7 +388,7 @@ class TrainingExamples:
 
     @classmethod
     def from_config(cls, cfg: Any) -> TrainingExamples:
-        """From an :class:`~attnbench.extrapolation.config.ExtrapConfig`."""
+        """From an :class:`~attnbench.extrapolation.experiment.config.ExtrapConfig`."""
         t = cfg.train
         phases = ""
         if t.final_mask_prob:
@@ -605,7 +605,7 @@ TABLE_COLUMNS = ("variant", "kind", "seed", "train_len", "eval_len", "accuracy",
 
 def is_table_csv(path: Path | str) -> bool:
     """Whether a CSV is the extrapolation table of ``run extrapolate``."""
-    from attnbench.extrapolation.curves import csv_header
+    from attnbench.extrapolation.training.curves import csv_header
 
     path = Path(path)
     return path.is_file() and set(TABLE_COLUMNS) <= set(csv_header(path))

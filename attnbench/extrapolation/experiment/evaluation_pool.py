@@ -2,8 +2,8 @@
 
 The whole interface is :func:`evaluate_tasks`. It takes any picklable task with a
 ``run(stream, train_stream, log) -> list[dict]`` method (:class:`Task`; the run's are
-:class:`attnbench.extrapolation.eval_tasks.EvalTask`) and yields each task's rows in the order
-of the tasks:
+:class:`attnbench.extrapolation.experiment.evaluations.EvalTask`) and yields each task's rows
+in the order of the tasks:
 
 - ``layout = (processes, threads)`` with fewer than two processes (or fewer than two tasks): each
   task runs here, in this process, as the caller iterates;
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from attnbench.extrapolation.evaluate import EvalStream
+from attnbench.extrapolation.evaluation.evaluate import EvalStream
 from attnbench.runtime import logs
 from attnbench.runtime.processes import map_in_workers
 

@@ -81,9 +81,9 @@ def train_in_processes(jobs, workers: int, fn, args: tuple, log) -> list:
     Ctrl-C, or SIGTERM to this process alone, stops every running training as Ctrl-C stops one
     run here, wherever it lands while they run (logging a result too: :func:`consume`): each
     writes its checkpoint and stops; the others' are logged and the last one is raised
-    (:class:`~attnbench.extrapolation.train.Interrupted`, as a training here raises it), else
-    KeyboardInterrupt."""
-    from attnbench.extrapolation.train import Interrupted
+    (:class:`~attnbench.extrapolation.training.loop.Interrupted`, as a training here raises it),
+    else KeyboardInterrupt."""
+    from attnbench.extrapolation.training.loop import Interrupted
 
     died, interrupted = [], []
     stopping = False  # a worker was stopped by the signal: the others are stopping too
@@ -127,7 +127,7 @@ def _stopped_trainings(jobs, since: float) -> list:
     """(job, Interrupted) for each of ``jobs`` that Ctrl-C stopped after it wrote a checkpoint
     during this run, where this process sees it (a Ray task writes its checkpoints where the
     driver said: here, or on a file system the nodes share): what to continue with --resume."""
-    from attnbench.extrapolation.train import Interrupted, load_checkpoint
+    from attnbench.extrapolation.training.loop import Interrupted, load_checkpoint
 
     found = []
     for job in jobs:
@@ -154,7 +154,7 @@ def _train_task(job, train_stream: Tensor, threads: int, retry_since: float | No
 
     ``retry_since``: this is the retry of a training whose process died; continue from the
     checkpoint it left if that was written during this run (never from an older file)."""
-    from attnbench.extrapolation import curves
+    from attnbench.extrapolation.training import curves
     from attnbench.runtime.progress import Silent
 
     torch.set_num_threads(threads)
@@ -175,7 +175,7 @@ def train_on_ray(jobs, train_stream: Tensor, threads: int, device: torch.device,
 
 
 def _train_tasks(ray, jobs, train_stream, threads, device, log) -> set[Path]:
-    from attnbench.extrapolation import curves
+    from attnbench.extrapolation.training import curves
 
     if device.type == "cuda":
         resources = {"num_gpus": 1, "num_cpus": 1}

@@ -15,13 +15,20 @@ import torch
 from torch import Tensor
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation import baseline, longrange, longrange_report
-from attnbench.extrapolation.config import EvalTimeVariant, ExtrapConfig, TrainedVariant, spec_json
-from attnbench.extrapolation.evaluate import EvalStream, evaluate
-from attnbench.extrapolation.model import EvalPositions, MLMEncoder, build_model
-from attnbench.extrapolation.plan import Plan
-from attnbench.extrapolation.train import load_checkpoint
-from attnbench.extrapolation.tricks import TrickMixer
+from attnbench.extrapolation.analysis import longrange_report
+from attnbench.extrapolation.evaluation import floors as baseline
+from attnbench.extrapolation.evaluation import longrange
+from attnbench.extrapolation.evaluation.evaluate import EvalStream, evaluate
+from attnbench.extrapolation.experiment.config import (
+    EvalTimeVariant,
+    ExtrapConfig,
+    TrainedVariant,
+    spec_json,
+)
+from attnbench.extrapolation.experiment.plan import Plan
+from attnbench.extrapolation.model.encoder import EvalPositions, MLMEncoder, build_model
+from attnbench.extrapolation.model.tricks import TrickMixer
+from attnbench.extrapolation.training.loop import load_checkpoint
 
 #: The row key holding a row's per-piece (masked, correct) counts, written to pieces.csv.
 PIECES = "_pieces"
@@ -53,11 +60,11 @@ def _row(cfg, label, kind, seed, res, ckpt, **extra) -> dict[str, Any]:
 
 
 def baseline_rows(cfg: ExtrapConfig, train: Tensor, stream: EvalStream) -> list[dict[str, Any]]:
-    """The count floors (:mod:`attnbench.extrapolation.baseline`) at every evaluation length, on
-    the same windows and masks as the models: ``count-baseline`` (the fair, mask-aware table,
-    counted over the masked positions of the first seed's training batches) and
-    ``count-backoff`` (the first rule); one row per floor and length, no seed. ``built_from`` is
-    the number of masked examples each table was counted from."""
+    """The count floors (:mod:`attnbench.extrapolation.evaluation.floors`) at every evaluation
+    length, on the same windows and masks as the models: ``count-baseline`` (the fair, mask-aware
+    table, counted over the masked positions of the first seed's training batches) and
+    ``count-backoff`` (the first rule); one row per floor and length, no seed. ``built_from`` is the
+    number of masked examples each table was counted from."""
     floors = [
         (
             baseline.LABEL,
@@ -168,7 +175,7 @@ def _eval_all(cfg, log, model, label, kind, seed, ckpt, stream, chunk=None, **ex
 
 
 def _long_range(cfg: ExtrapConfig, model, stream: EvalStream, n: int, chunk: int | None, positions):
-    """The long-range span at length n (:mod:`attnbench.extrapolation.longrange`)."""
+    """The long-range span at length n (:mod:`attnbench.extrapolation.evaluation.longrange`)."""
     tokens, mask = stream.windows(n)
     return longrange.evaluate_long_range(
         model,

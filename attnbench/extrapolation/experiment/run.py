@@ -33,11 +33,11 @@ from typing import Any
 import torch
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation import curves, distributed, longrange_report, report, weights
-from attnbench.extrapolation.config import ExtrapConfig
-from attnbench.extrapolation.eval_tasks import EvalTask, eval_task_count
-from attnbench.extrapolation.evaluation_pool import evaluate_tasks
-from attnbench.extrapolation.plan import (
+from attnbench.extrapolation.analysis import longrange_report, report
+from attnbench.extrapolation.experiment.config import ExtrapConfig
+from attnbench.extrapolation.experiment.evaluation_pool import evaluate_tasks
+from attnbench.extrapolation.experiment.evaluations import EvalTask, eval_task_count
+from attnbench.extrapolation.experiment.plan import (
     Plan,
     RunInputs,
     RunOptions,
@@ -45,14 +45,15 @@ from attnbench.extrapolation.plan import (
     read_inputs,
     threads_per_process,
 )
-from attnbench.extrapolation.results import CSV_NAME, write_results
-from attnbench.extrapolation.train import HeldoutProbe
-from attnbench.extrapolation.trainings import (
+from attnbench.extrapolation.experiment.results import CSV_NAME, write_results
+from attnbench.extrapolation.experiment.trainings import (
     gather_curves,
     train_in_parallel,
     train_only,
     train_or_load,
 )
+from attnbench.extrapolation.training import curves, distributed, weights
+from attnbench.extrapolation.training.loop import HeldoutProbe
 from attnbench.measure import machine
 from attnbench.runtime import engines
 from attnbench.runtime.interrupts import Stopped, said_as

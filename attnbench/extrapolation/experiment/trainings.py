@@ -18,11 +18,17 @@ import torch
 from torch import Tensor
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation import curves, units
-from attnbench.extrapolation.config import ExtrapConfig, TrainedVariant
-from attnbench.extrapolation.model import build_model
-from attnbench.extrapolation.plan import Plan, RunOptions, parallel_layout, threads_per_process
-from attnbench.extrapolation.train import HeldoutProbe, check_key, load_checkpoint, train
+from attnbench.extrapolation.experiment import units
+from attnbench.extrapolation.experiment.config import ExtrapConfig, TrainedVariant
+from attnbench.extrapolation.experiment.plan import (
+    Plan,
+    RunOptions,
+    parallel_layout,
+    threads_per_process,
+)
+from attnbench.extrapolation.model.encoder import build_model
+from attnbench.extrapolation.training import curves
+from attnbench.extrapolation.training.loop import HeldoutProbe, check_key, load_checkpoint, train
 from attnbench.runtime import engines
 from attnbench.runtime.progress import LogLines, Progress
 

@@ -22,16 +22,16 @@ generators), so ``--resume`` ends with the same numbers as an uninterrupted run.
 finishes the current step, writes a checkpoint and raises :class:`Interrupted`; a checkpoint is also
 written every ``ckpt_every`` steps (what survives a SIGKILL). Files are written atomically.
 
-Under torchrun (:mod:`attnbench.extrapolation.distributed`) every process draws the same full
-batch and trains on its own contiguous share of the windows: its loss is the summed cross-entropy
-of its masked tokens over the whole batch's masked-token count, and the gradients are summed over
-the processes, so each holds the single-process gradient (up to float reassociation) and takes the
-same optimiser step. Rank 0 alone writes the checkpoints.
+Under torchrun (:mod:`attnbench.extrapolation.training.distributed`) every process draws the same
+full batch and trains on its own contiguous share of the windows: its loss is the summed
+cross-entropy of its masked tokens over the whole batch's masked-token count, and the gradients are
+summed over the processes, so each holds the single-process gradient (up to float reassociation) and
+takes the same optimiser step. Rank 0 alone writes the checkpoints.
 
 Every ``log_every`` steps (default HISTORY_EVERY) and at the last step, a :class:`CurvePoint`
 (step, loss, learning rate, tokens per second, training time) is added to the checkpoint's
 ``history`` and handed to ``on_log``: the one record behind the training curves
-(:mod:`attnbench.extrapolation.curves`).
+(:mod:`attnbench.extrapolation.training.curves`).
 """
 
 from __future__ import annotations
@@ -53,14 +53,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation import longrange
-from attnbench.extrapolation.model import MASK_ID, sorted_random_positions
+from attnbench.extrapolation.evaluation import longrange
+from attnbench.extrapolation.model.encoder import MASK_ID, sorted_random_positions
 from attnbench.runtime.outputs import atomic_open, write_failed
 from attnbench.runtime.progress import Progress, Silent
 from attnbench.runtime.schema import Checked, above, at_least, finite, inside, setting, within
 
 if TYPE_CHECKING:
-    from attnbench.extrapolation.distributed import DataParallel
+    from attnbench.extrapolation.training.distributed import DataParallel
 
 CHECKPOINT_FORMAT = 1
 #: Steps between the points kept in a checkpoint's history (and logged to the training curves).
@@ -138,7 +138,8 @@ class TrainConfig(Checked):
         0.0,
         "share of training windows given a verbatim copy of their own earlier bytes at a distance "
         "below L, so that the model learns to copy (the long-range span measures whether it still "
-        "can beyond L: attnbench.extrapolation.longrange); 0: off, the published experiment",
+        "can beyond L: attnbench.extrapolation.evaluation.longrange); 0: off, the published "
+        "experiment",
         valid=within(0, 1),
     )
     copy_length: int = setting(
@@ -233,8 +234,8 @@ def check_training_options(
 
 
 def _takes_positions(model: nn.Module) -> bool:
-    """Whether ``model`` (an :class:`~attnbench.extrapolation.model.MLMEncoder`) takes rotary
-    positions in every layer; a model without the method takes none."""
+    """Whether ``model`` (an :class:`~attnbench.extrapolation.model.encoder.MLMEncoder`) takes
+    rotary positions in every layer; a model without the method takes none."""
     return bool(getattr(model, "takes_positions", lambda: False)())
 
 
