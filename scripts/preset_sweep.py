@@ -108,7 +108,8 @@ def cost(args) -> None:
     from attnbench.extrapolation.experiment.config import VARIANTS
     from attnbench.extrapolation.experiment.plan import RunOptions, read_inputs
     from attnbench.extrapolation.model.encoder import build_model
-    from attnbench.extrapolation.training.loop import BatchSampler, make_optimizer, masked_loss
+    from attnbench.extrapolation.training.batches import BatchSampler, masked_loss
+    from attnbench.extrapolation.training.loop import make_optimizer
 
     torch.set_num_threads(1)
     base = _config({})
@@ -165,7 +166,8 @@ def compiled(args) -> None:
     from attnbench.extrapolation.experiment.config import VARIANTS, load_preset
     from attnbench.extrapolation.experiment.plan import RunOptions, read_inputs
     from attnbench.extrapolation.model.encoder import build_model
-    from attnbench.extrapolation.training.loop import TrainingBatches, make_optimizer, masked_loss
+    from attnbench.extrapolation.training.batches import TrainingBatches, masked_loss
+    from attnbench.extrapolation.training.loop import make_optimizer
 
     torch.set_num_threads(1)
     cfg = load_preset("cpu")

@@ -6,7 +6,8 @@ import numpy as np
 import torch
 
 from attnbench.extrapolation.evaluation import floors as baseline
-from attnbench.extrapolation.training.loop import BatchSampler, TrainConfig
+from attnbench.extrapolation.training.batches import BatchSampler
+from attnbench.extrapolation.training.options import TrainConfig
 
 EDGE, MASK = "E", "M"
 

@@ -16,12 +16,10 @@ from attnbench.cli import app
 from attnbench.extrapolation.analysis import report
 from attnbench.extrapolation.evaluation import floors as baseline
 from attnbench.extrapolation.experiment.config import load_preset
-from attnbench.extrapolation.training.loop import (
-    TrainConfig,
-    TrainingBatches,
-    load_checkpoint,
-    train,
-)
+from attnbench.extrapolation.training.batches import TrainingBatches
+from attnbench.extrapolation.training.checkpoints import load_checkpoint
+from attnbench.extrapolation.training.loop import train
+from attnbench.extrapolation.training.options import TrainConfig
 from attnbench.runtime.tomlconfig import parse_settings
 from tests.helpers.extrapolation import (
     COUNTING,

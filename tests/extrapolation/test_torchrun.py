@@ -15,8 +15,8 @@ from attnbench.cli import app
 from attnbench.extrapolation.experiment.config import load_preset
 from attnbench.extrapolation.experiment.run import run_extrapolate
 from attnbench.extrapolation.model.encoder import MixerSpec, ModelConfig, build_model
+from attnbench.extrapolation.training.batches import BatchSampler
 from attnbench.extrapolation.training.distributed import shares
-from attnbench.extrapolation.training.loop import BatchSampler
 from tests.helpers.extrapolation import TINY, assert_shares_add_up, make_corpus, run_options
 
 pytestmark = [

@@ -25,17 +25,16 @@ from attnbench.extrapolation.model.encoder import (
     MASK_ID,
     EvalPositions,
 )
-from attnbench.extrapolation.training.distributed import shares
-from attnbench.extrapolation.training.loop import (
+from attnbench.extrapolation.training.batches import (
     BatchSampler,
-    TrainConfig,
     TrainingBatches,
-    check_training_options,
-    load_checkpoint,
     masked_loss,
     share_loss,
-    train,
 )
+from attnbench.extrapolation.training.checkpoints import load_checkpoint
+from attnbench.extrapolation.training.distributed import shares
+from attnbench.extrapolation.training.loop import train
+from attnbench.extrapolation.training.options import TrainConfig, check_training_options
 from attnbench.layers import AttentionMixer, Rotary
 from attnbench.runtime.tomlconfig import parse_settings
 from tests.helpers.extrapolation import (
@@ -199,7 +198,7 @@ def test_resume_mid_run_equals_an_uninterrupted_run(tmp_path, options):
 def test_heldout_probe_stays_at_the_training_length(tmp_path):
     """The probe's windows are L long and measured at 0..L-1, whatever the options: its loss
     after training is masked_loss of the trained model with no positions."""
-    from attnbench.extrapolation.training.loop import HeldoutProbe
+    from attnbench.extrapolation.training.batches import HeldoutProbe
 
     probe = HeldoutProbe.from_stream(PINNED_STREAM, L, 6, 0.15, seed=2, every=2)
     cfg = TrainConfig(batch=4, steps=4, warmup=1, window_lengths=(4, 8), random_positions=64)

@@ -124,8 +124,8 @@ def assert_shares_add_up(model, batch, windows: int, ranks: int, positions=None,
     import pytest
     import torch
 
+    from attnbench.extrapolation.training.batches import masked_loss, share_loss
     from attnbench.extrapolation.training.distributed import shares
-    from attnbench.extrapolation.training.loop import masked_loss, share_loss
 
     whole = masked_loss(model, *batch, positions, weights)
     whole.backward()

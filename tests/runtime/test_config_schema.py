@@ -320,7 +320,7 @@ def test_run_extrapolate_options_and_set_share_one_path():
 def test_extrapolation_sections_check_themselves():
     from attnbench.extrapolation.experiment.config import EvalConfig, RunConfig, load_preset
     from attnbench.extrapolation.model.encoder import ModelConfig
-    from attnbench.extrapolation.training.loop import TrainConfig
+    from attnbench.extrapolation.training.options import TrainConfig
 
     with pytest.raises(Invalid, match="not divisible by heads = 3"):
         ModelConfig(d_model=128, heads=3)

@@ -46,7 +46,7 @@ from attnbench.data import load_corpus
 from attnbench.extrapolation.evaluation.evaluate import EntropyProbe, LengthGuard, row_entropy
 from attnbench.extrapolation.experiment.config import ExtrapConfig
 from attnbench.extrapolation.model.encoder import MixerSpec, ModelConfig, build_model
-from attnbench.extrapolation.training.loop import load_checkpoint
+from attnbench.extrapolation.training.checkpoints import load_checkpoint
 from attnbench.measure import machine
 from attnbench.runtime.outputs import ensure_dir, save_figure, write_csv, write_text
 from attnbench.runtime.portable import portable

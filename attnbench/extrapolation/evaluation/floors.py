@@ -5,8 +5,8 @@ the byte seen most often with the same ``width`` neighbours on each side *as the
 (width 3 by default: the +-3 symbols around it), where a masked neighbour is the symbol [MASK] and a
 position beyond the window's edge is the symbol EDGE, exactly the information the model's input
 holds about those seven positions. The table is counted from the masked positions of the model's own
-training batches (:class:`~attnbench.extrapolation.training.loop.TrainingBatches` under the config's
-training options, seeded like the first training seed), so it is built from the very masked
+training batches (:class:`~attnbench.extrapolation.training.batches.TrainingBatches` under the
+config's training options, seeded like the first training seed), so it is built from the very masked
 examples the first seed's models were trained on, as many as they saw. Where a context never
 occurred in those examples it backs off to +-(width - 1) symbols, down to +-0: the most frequent
 masked byte.
@@ -23,14 +23,12 @@ counts built from the same examples. Neither depends on n except through the win
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from attnbench.extrapolation.training.loop import TrainConfig
+from attnbench.extrapolation.training.batches import TrainingBatches
+from attnbench.extrapolation.training.options import TrainConfig
 
 #: Symbols on each side of the masked byte the largest context uses.
 WIDTH = 3
@@ -165,8 +163,6 @@ class MaskedContextCounts:
         """Counted over the masked positions of the ``cfg.steps`` training batches that
         :func:`~attnbench.extrapolation.training.loop.train` draws with ``seed`` under ``cfg``
         (window lengths and planted copies included)."""
-        from attnbench.extrapolation.training.loop import TrainingBatches  # train imports the model
-
         batches = TrainingBatches(train, cfg, train_len, seed)
         parts, centres = [], []
         for _ in range(cfg.steps):

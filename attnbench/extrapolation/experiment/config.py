@@ -26,7 +26,7 @@ from attnbench.core.errors import AttnbenchError, unknown
 from attnbench.extrapolation.evaluation.longrange import COPY_LENGTH, DISTANCES
 from attnbench.extrapolation.model.encoder import MixerSpec, ModelConfig
 from attnbench.extrapolation.model.tricks import Tricks, parse_tricks, settings_problem
-from attnbench.extrapolation.training.loop import TrainConfig
+from attnbench.extrapolation.training.options import TrainConfig
 from attnbench.runtime import tomlconfig
 from attnbench.runtime.schema import (
     Checked,

@@ -28,7 +28,7 @@ from attnbench.extrapolation.experiment.config import (
 from attnbench.extrapolation.experiment.plan import Plan
 from attnbench.extrapolation.model.encoder import EvalPositions, MLMEncoder, build_model
 from attnbench.extrapolation.model.tricks import TrickMixer
-from attnbench.extrapolation.training.loop import load_checkpoint
+from attnbench.extrapolation.training.checkpoints import load_checkpoint
 
 #: The row key holding a row's per-piece (masked, correct) counts, written to pieces.csv.
 PIECES = "_pieces"

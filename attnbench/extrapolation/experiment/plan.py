@@ -28,13 +28,10 @@ from attnbench.extrapolation.experiment.config import (
 )
 from attnbench.extrapolation.model.encoder import build_model
 from attnbench.extrapolation.training import distributed
-from attnbench.extrapolation.training.loop import (
-    HISTORY_EVERY,
-    HeldoutProbe,
-    check_key,
-    check_training_options,
-    load_checkpoint,
-)
+from attnbench.extrapolation.training.batches import HeldoutProbe
+from attnbench.extrapolation.training.checkpoints import check_key, load_checkpoint
+from attnbench.extrapolation.training.curves import HISTORY_EVERY
+from attnbench.extrapolation.training.options import check_training_options
 from attnbench.measure import machine
 from attnbench.runtime import engines, logs
 from attnbench.runtime.progress import Progress, Silent

@@ -53,7 +53,7 @@ from attnbench.extrapolation.experiment.trainings import (
     train_or_load,
 )
 from attnbench.extrapolation.training import curves, distributed, weights
-from attnbench.extrapolation.training.loop import HeldoutProbe
+from attnbench.extrapolation.training.batches import HeldoutProbe
 from attnbench.measure import machine
 from attnbench.runtime import engines
 from attnbench.runtime.interrupts import Stopped, said_as

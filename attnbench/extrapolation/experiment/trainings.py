@@ -28,7 +28,9 @@ from attnbench.extrapolation.experiment.plan import (
 )
 from attnbench.extrapolation.model.encoder import build_model
 from attnbench.extrapolation.training import curves
-from attnbench.extrapolation.training.loop import HeldoutProbe, check_key, load_checkpoint, train
+from attnbench.extrapolation.training.batches import HeldoutProbe
+from attnbench.extrapolation.training.checkpoints import check_key, load_checkpoint
+from attnbench.extrapolation.training.loop import train
 from attnbench.runtime import engines
 from attnbench.runtime.progress import LogLines, Progress
 

@@ -127,7 +127,8 @@ def _stopped_trainings(jobs, since: float) -> list:
     """(job, Interrupted) for each of ``jobs`` that Ctrl-C stopped after it wrote a checkpoint
     during this run, where this process sees it (a Ray task writes its checkpoints where the
     driver said: here, or on a file system the nodes share): what to continue with --resume."""
-    from attnbench.extrapolation.training.loop import Interrupted, load_checkpoint
+    from attnbench.extrapolation.training.checkpoints import load_checkpoint
+    from attnbench.extrapolation.training.loop import Interrupted
 
     found = []
     for job in jobs:

@@ -1,15 +1,13 @@
 """Training curves: loss and learning rate per logged step, as CSV, TensorBoard and a figure.
 
-The record is the checkpoint's ``history``
-(:class:`attnbench.extrapolation.training.loop.CurvePoint`, every ``log_every`` steps). Each
+The record is the checkpoint's ``history`` (:class:`CurvePoint`, every ``log_every`` steps). Each
 training writes it as it goes to ``<checkpoints>/curves/<variant>-seed<k>.csv`` (beside the
 checkpoint it belongs to, so two processes sharing a checkpoint folder never write the same file),
 one flushed row per point: an interrupted run keeps every point it logged. A resumed training first
 rewrites that file from its checkpoint's history (the points up to the checkpoint's step), then
 appends: points logged after the checkpoint by the run that died are dropped and logged again, never
-twice. The run then
-gathers the curves of all its trainings into one tidy ``<out>/curves.csv`` (columns
-:data:`COLUMNS`) that ``attnbench plot`` draws.
+twice. The run then gathers the curves of all its trainings into one tidy ``<out>/curves.csv``
+(columns :data:`COLUMNS`) that ``attnbench plot`` draws.
 
 With a TensorBoard folder, each training also writes ``train/loss``, ``train/lr`` and
 ``train/tokens_per_s`` scalars to ``<dir>/<variant>-seed<k>/`` with
@@ -26,11 +24,29 @@ import importlib.util
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.training.loop import CurvePoint, TrainConfig, lr_at
+from attnbench.extrapolation.training.options import TrainConfig, lr_at
 from attnbench.runtime.outputs import atomic_open, save_figure
+
+#: Steps between the points kept in a checkpoint's history (and logged to the training curves).
+HISTORY_EVERY = 50
+
+
+class CurvePoint(NamedTuple):
+    """One logged step. A checkpoint's history holds these as plain tuples; checkpoints written
+    before the curves existed hold (step, loss) pairs (see ``curves.history_points``)."""
+
+    step: int
+    loss: float  # the loss of this step's batch (not smoothed)
+    lr: float  # the learning rate this step used
+    tokens_per_s: float  # training tokens per second since the previous logged point
+    train_time_s: float  # training time up to this step, earlier runs of a resumed one included
+    #: Mean masked-token loss on the fixed held-out probe (:class:`HeldoutProbe`); NaN at the
+    #: steps where it was not measured (and in checkpoints from before it existed).
+    heldout_loss: float = math.nan
+
 
 COLUMNS = ("variant", "seed", "step", "loss", "lr", "tokens_per_s", "train_time_s",
            "heldout_loss")  # fmt: skip

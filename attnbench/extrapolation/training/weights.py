@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.training.loop import atomic_save, load_checkpoint
+from attnbench.extrapolation.training.checkpoints import atomic_save, load_checkpoint
 
 FOLDER = "weights"
 
