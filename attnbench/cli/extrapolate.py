@@ -349,8 +349,9 @@ def entropy(
 
     Example: [bold]attnbench run entropy --max-n 1024[/bold]
     """
-    from attnbench.extrapolation.analysis.entropy import EntropyOptions, run_entropy
+    from attnbench.extrapolation.analysis.entropy import EntropyOptions
     from attnbench.extrapolation.experiment.config import load_preset
+    from attnbench.extrapolation.experiment.entropy import run_entropy
 
     cfg = load_preset(preset)
     if checkpoints is not None and not checkpoints.is_dir():

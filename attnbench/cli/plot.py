@@ -46,7 +46,7 @@ def plot_cmd(
     Example: [bold]attnbench plot results/speed/cpu/results.csv --format svg[/bold]
     """
     from attnbench.bench.plot import plot_results  # matplotlib only when plotting
-    from attnbench.extrapolation.analysis.report import figure_from_csv, is_table_csv
+    from attnbench.extrapolation.analysis.figures import figure_from_csv, is_table_csv
     from attnbench.extrapolation.training.curves import is_curves_csv, plot_curves
 
     fmt = format.value

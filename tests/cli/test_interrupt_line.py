@@ -87,7 +87,7 @@ def ctrl_c(*args, **kwargs):
     ("command", "target"),
     [
         (["run", "speed", "--impl", "softmax"], "attnbench.bench.config.load_suite"),
-        (["run", "entropy"], "attnbench.extrapolation.analysis.entropy.run_entropy"),
+        (["run", "entropy"], "attnbench.extrapolation.experiment.entropy.run_entropy"),
         (["run", "extrapolate"], "attnbench.extrapolation.experiment.run.run_extrapolate"),
     ],
 )

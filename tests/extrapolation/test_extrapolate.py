@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from attnbench import registry
 from attnbench.cli import app
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.analysis.entropy import EntropyOptions, run_entropy
+from attnbench.extrapolation.analysis.entropy import EntropyOptions
 from attnbench.extrapolation.evaluation.evaluate import (
     LengthCheckError,
     evaluate,
@@ -25,6 +25,7 @@ from attnbench.extrapolation.evaluation.evaluate import (
     spread,
 )
 from attnbench.extrapolation.experiment.config import load_preset, resolve_variants
+from attnbench.extrapolation.experiment.entropy import run_entropy
 from attnbench.extrapolation.experiment.run import RunOptions, run_extrapolate
 from attnbench.extrapolation.model.encoder import (
     MixerSpec,

@@ -76,7 +76,7 @@ def test_su_2021_expression_matches_a_monte_carlo_of_its_own_definition():
 
 
 def test_bootstrap_over_pieces():
-    from attnbench.extrapolation.analysis.report import bootstrap_difference
+    from attnbench.extrapolation.analysis.stats import bootstrap_difference
 
     masked = [150] * 64
     same = bootstrap_difference(masked, [90] * 64, [90] * 64)
@@ -97,7 +97,7 @@ def test_bootstrap_is_the_plain_paired_resampling_of_pieces():
     replaced): the same interval to rounding. One piece: its own difference, no interval."""
     import numpy as np
 
-    from attnbench.extrapolation.analysis.report import bootstrap_difference
+    from attnbench.extrapolation.analysis.stats import bootstrap_difference
 
     rng = np.random.default_rng(3)
     masked = rng.integers(100, 200, 40)

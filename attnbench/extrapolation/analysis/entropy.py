@@ -1,4 +1,4 @@
-"""``attnbench run entropy``: the theory behind Attention-E, checked (Su 2021).
+"""The theory behind Attention-E (Su 2021), as ``attnbench run entropy`` checks it.
 
 The entropy of an attention row is H = -sum_j a_j log a_j. Su 2021 approximates, for q, k of
 norm sqrt(d) with k uniform on the sphere, H ~ log n - 0.24 * lambda * d + O(1) (lambda the score
@@ -30,10 +30,9 @@ means "grows like log n", about 0 means "entropy-invariant".
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +41,8 @@ import pandas as pd
 import torch
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.data import load_corpus
-from attnbench.extrapolation.evaluation.evaluate import EntropyProbe, LengthGuard, row_entropy
-from attnbench.extrapolation.experiment.config import ExtrapConfig
-from attnbench.extrapolation.model.encoder import MixerSpec, ModelConfig, build_model
-from attnbench.extrapolation.training.checkpoints import load_checkpoint
+from attnbench.extrapolation.evaluation.evaluate import row_entropy
 from attnbench.measure import machine
-from attnbench.runtime.outputs import ensure_dir, save_figure, write_csv, write_text
-from attnbench.runtime.portable import portable
 
 SEED_C = 0.24  # Su 2021's Laplace-approximation constant
 E_BASE = 512.0
@@ -160,16 +153,6 @@ class EntropyOptions:
     corpus: str | None = None  # text for (b); None: the corpus the checkpoints were trained on
     model_tokens: int = 8192  # held-out tokens per length for (b), cut into windows of n
     log: Callable[[str], None] = lambda msg: None
-
-
-@dataclass
-class EntropyResult:
-    rows: list[dict[str, Any]]
-    fit: dict[str, Any]
-    slopes: list[dict[str, Any]]
-    text: str
-    out: Path
-    notes: list[str] = field(default_factory=list)
 
 
 #: float64 rows of n scores alive per query at once in (a) (the scores, scaled, their softmax, the
@@ -421,256 +404,3 @@ def growth_slopes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-def model_rows(cfg: ExtrapConfig, opts: EntropyOptions, notes: list[str]) -> list[dict[str, Any]]:
-    """(b): mean row entropy per layer inside every finished checkpoint in ``opts.checkpoints``
-    whose attention rows are distributions (O, E, E-ln, sparse softmax patterns...), each model
-    rebuilt from the config stored in its checkpoint."""
-    ckpt_dir = opts.checkpoints
-    if ckpt_dir is None or not ckpt_dir.is_dir():
-        notes.append(f"no checkpoint folder {ckpt_dir}: the trained-model part is skipped")
-        return []
-    paths = sorted(ckpt_dir.glob("*-seed*.pt"))
-    if not paths:
-        notes.append(f"no checkpoints in {ckpt_dir}: the trained-model part is skipped")
-        return []
-    corpus = load_corpus(opts.corpus or cfg.run.corpus or None)
-    rows = []
-    for path in paths:
-        ckpt = load_checkpoint(path)
-        key = ckpt["key"]
-        label, seed = path.stem.rsplit("-seed", 1)[0], int(key["seed"])
-        if not ckpt["done"]:
-            notes.append(f"{path.name} is unfinished (step {ckpt['step']}); skipped")
-            continue
-        if key["corpus_sha256"] != corpus.sha256:
-            notes.append(f"{path.name} was trained on another corpus than {corpus.name}")
-        heldout = corpus.split(key["holdout"]).heldout
-        model_cfg = ModelConfig(**key["model"])
-        mixer = MixerSpec(key["mixer"]["mechanism"], key["mixer"]["path"], key["mixer"]["params"])
-        model = build_model(model_cfg, mixer)
-        model.load_state_dict(ckpt["model"])
-        model.eval()
-        head_dim = model_cfg.d_model // model_cfg.heads
-        found = 0
-        for n in lengths(opts.min_n, opts.max_n):
-            windows = min(opts.model_tokens, heldout.numel()) // n
-            if windows < 1:
-                notes.append(f"n={n} skipped for {path.name}: the held-out text is too short")
-                break
-            x = heldout[: n * windows].view(windows, n).long()  # (W, n)
-            with torch.no_grad(), LengthGuard(model) as guard, EntropyProbe(model) as probe:
-                probe.active = True
-                model(x)
-                guard.expect(n)
-            for layer, h in enumerate(probe.means()):
-                if h is None:
-                    continue
-                found += 1
-                rows.append(
-                    {
-                        "source": "model",
-                        "variant": label,
-                        "seed": seed,
-                        "layer": layer,
-                        "n": n,
-                        "log_n": math.log(n),
-                        "lambda_d": nominal_lambda_d(label, n, head_dim),
-                        "entropy": h,
-                        "entropy_std": "",
-                        "rows": windows * n * model_cfg.heads,
-                    }
-                )
-        if not found:
-            notes.append(
-                f"{path.name}: no attention rows to measure (a layer of its own, or rows that "
-                "are not probability distributions); skipped"
-            )
-        else:
-            opts.log(f"entropy inside {path.name}: done")
-    return rows
-
-
-#: One colour per variant in every panel (Attention-O blue, Attention-E orange); layers of the
-#: trained models are told apart by line style.
-VARIANT_COLOURS = {"O": "tab:blue", "E": "tab:orange", "E-ln": "tab:green"}
-LAYER_STYLES = ("-", "--", ":", "-.")
-
-
-def variant_colour(variant: str) -> str:
-    return VARIANT_COLOURS.get(variant, "tab:grey")
-
-
-def figure(
-    rows: list[dict[str, Any]], path: Path, dim: int, regime: dict[str, Any] | None = None
-) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    df = pd.DataFrame(rows)
-    has_model = (df["source"] == "model").any()
-    has_sweep = regime is not None
-    panels = 1 + has_model + has_sweep
-    fig, axes = plt.subplots(1, panels, figsize=(6 * panels if panels > 1 else 7, 4.8))
-    axes = np.atleast_1d(axes)
-    rnd = df[df["source"] == "random"]
-    ns = sorted(rnd["n"].unique())
-    ax = axes[0]
-    ax.plot(ns, np.log(ns), color="grey", linestyle=":", label="log n (uniform)")
-    for variant, style in (("O", "-o"), ("E", "-s")):
-        g = rnd[rnd["variant"] == variant]
-        ax.plot(g["n"], g["entropy"], style, color=variant_colour(variant),
-                label=f"Attention-{variant}")  # fmt: skip
-    ax.set_title(f"(a) random q, k of norm sqrt(d), d = {dim}")
-    if has_model:
-        ax = axes[1]
-        mdl = df[df["source"] == "model"]
-        ns_m = sorted(mdl["n"].unique())
-        ax.plot(ns_m, np.log(ns_m), color="grey", linestyle=":", label="log n (uniform)")
-        layers = sorted(mdl["layer"].unique())
-        for (variant, layer), g in mdl.groupby(["variant", "layer"]):
-            g = g.groupby("n", as_index=False)["entropy"].agg(["mean", "std"]).reset_index()
-            ax.errorbar(
-                g["n"],
-                g["mean"],
-                yerr=g["std"].fillna(0.0),
-                color=variant_colour(variant),  # the same colour as in (a); layers by style
-                marker="o" if variant == "O" else "s",
-                linestyle=LAYER_STYLES[layers.index(layer) % len(LAYER_STYLES)],
-                capsize=2,
-                label=f"{variant} layer {layer}",
-            )
-        ax.set_title("(b) inside the trained models (mean over seeds)")
-    log_n_axes = axes[: 1 + has_model]
-    if has_sweep:
-        sweep_panel(axes[-1], df[df["source"] == "random-scale"], dim, regime)
-    for ax in log_n_axes:
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("n (keys per row)")
-        ax.set_ylabel("mean row entropy (nats)")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    save_figure(fig, path, dpi=130)
-    plt.close(fig)
-
-
-def sweep_panel(ax: Any, sweep: pd.DataFrame, dim: int, regime: dict[str, Any]) -> None:
-    """(a'): H - log n against lambda*d at n = max_n: Su 2021's n -> infinity expression, the
-    measured points (filled inside the fit, hollow outside it, beyond the expression's domain at
-    this n) and the fitted line over the range used."""
-    grid = np.linspace(float(sweep["lambda_d"].min()), float(sweep["lambda_d"].max()), 80)
-    ax.plot(grid, [theory_offset(float(v), dim) for v in grid], color="grey", linestyle=":",
-            label="Su 2021's expression (n -> infinity)")  # fmt: skip
-    offset = sweep["entropy"] - sweep["log_n"]
-    inside = sweep["in_fit"].astype(bool)
-    ax.plot(sweep["lambda_d"][inside], offset[inside], "o", color="tab:purple",
-            label="random q, k (in the fit)")  # fmt: skip
-    ax.plot(sweep["lambda_d"][~inside], offset[~inside], "o", mfc="none", color="tab:purple",
-            label="random q, k (outside the fit)")  # fmt: skip
-    ax.axvline(regime["bound"], color="tab:red", linestyle="--", linewidth=1,
-               label=f"domain bound ({regime['tolerance']} nats)")  # fmt: skip
-    if regime["points"] >= 2:
-        low, high = regime["lambda_d_range"]
-        x = np.array([low, high])
-        ax.plot(x, -regime["c"] * x + regime["b"], color="black",
-                label=f"fit: c = {regime['c']:.3f}")  # fmt: skip
-    ax.set_title(f"(a') scale sweep at n = {regime['n']}, d = {dim}")
-    ax.set_xlabel("lambda * d")
-    ax.set_ylabel("H - log n (nats)")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
-
-
-def run_entropy(cfg: ExtrapConfig, opts: EntropyOptions) -> EntropyResult:
-    if opts.dim < 2 or opts.queries < 1 or opts.trials < 1:
-        raise AttnbenchError(
-            f"invalid dim={opts.dim}, queries={opts.queries}, trials={opts.trials}; "
-            "accepted: dim >= 2, queries >= 1, trials >= 1"
-        )
-    lengths(opts.min_n, opts.max_n)
-    refuse_if_too_big(opts)
-    ensure_dir(opts.out, "--out folder")
-    notes: list[str] = []
-    rows = random_rows(opts)
-    bound = approximation_bound(opts.max_n, opts.dim, high=max(SCALE_SWEEP))
-    rows += scale_rows(opts, bound)
-    rows += model_rows(cfg, opts, notes)
-    fit = fit_c(rows, opts.dim)
-    fit["seed_regime"] = fit_scale_sweep(rows, opts.dim, bound)
-    fit["models"] = fit_models(rows)
-    slopes = growth_slopes(rows)
-    write_csv(pd.DataFrame(rows), opts.out / "entropy.csv", index=False)
-    figure(rows, opts.out / "entropy.png", opts.dim, fit["seed_regime"])
-    sidecar = {
-        "suite": "entropy",
-        "options": {k: str(v) for k, v in vars(opts).items() if k != "log"},
-        "config": cfg.plain(),
-        "fit": fit,
-        "growth": slopes,
-        "versions": machine.versions(),
-        "git": machine.git_state(opts.out),
-        "notes": notes,
-    }
-    sidecar = portable(sidecar, opts.out)  # no path of this machine in a result file
-    write_text(opts.out / "entropy.json", json.dumps(sidecar, indent=1) + "\n")
-    text = _text(fit, slopes, notes)
-    return EntropyResult(rows, fit, slopes, text, opts.out, notes)
-
-
-def _text(fit: dict[str, Any], slopes: list[dict[str, Any]], notes: list[str]) -> str:
-    lines = [
-        f"fit {fit['model']}:",
-        f"  c = {fit['c']:.3f}, b = {fit['b']:.3f} (rms residual {fit['rms_residual']:.3f}); "
-        f"with b = 0: c = {fit['c_without_b']:.3f}; Su 2021 derives c ~ {fit['seed_c']} "
-        f"(lambda*d from {fit['lambda_d_range'][0]:.2f} to {fit['lambda_d_range'][1]:.2f})",
-        f"  the Gaussian-regime formula {fit['gaussian_formula']} misses the same points by "
-        f"{fit['gaussian_rms_residual']:.3f} rms",
-        f"  Su 2021's own expression, integrated, gives c = {fit['theory_c']:.3f} over this range "
-        f"(local slope {fit['theory_local_c'][0]:.3f} .. {fit['theory_local_c'][1]:.3f}) and "
-        f"misses the points by {fit['theory_rms_residual']:.3f} rms with no free parameter: "
-        "0.24 is its slope at larger lambda*d",
-    ]
-    if (regime := fit.get("seed_regime")) is not None:
-        lines += _regime_text(regime)
-    for m in fit.get("models", []):
-        lines.append(
-            f"fit inside the trained O and E, layer {m['layer']}: c = {m['c']:.3f} over nominal "
-            f"lambda*d (rms {m['rms_residual']:.3f}, {m['points']} points)"
-        )
-    lines.append(
-        "growth of the entropy with n (slope of H against log n; 1 = like log n, 0 = flat):"
-    )
-    for s in slopes:
-        where = s["source"] + (f" layer {s['layer']}" if s["layer"] != "" else "")
-        lines.append(
-            f"  {s['variant'] + ' ' + where:<26} slope {s['slope_dH_dlogn']:+.3f}   H "
-            f"{s['H_first']:.3f} at n={s['n_first']} -> {s['H_last']:.3f} at n={s['n_last']}"
-        )
-    lines += [f"note: {n}" for n in notes]
-    return "\n".join(lines)
-
-
-def _regime_text(regime: dict[str, Any]) -> list[str]:
-    """The scale sweep's fit: the range used, c beside the expression's c at the same points,
-    and the finite-n caveat."""
-    low, high = regime["sweep_range"]
-    head = f"fit in Su 2021's regime (random, n = {regime['n']}, sweep lambda*d {low:g}..{high:g}"
-    if regime["points"] < 2:
-        lines = [
-            f"{head}): no fit, {regime['points']} point(s) inside the expression's domain "
-            f"(lambda*d <= {regime['bound']:.1f}; a longer --max-n widens it)"
-        ]
-    else:
-        used_low, used_high = regime["lambda_d_range"]
-        lines = [
-            f"{head}; fitted over lambda*d {used_low:g}..{used_high:g}, {regime['points']} "
-            f"points): c = {regime['c']:.3f} (rms {regime['rms_residual']:.3f}); the expression "
-            f"gives c = {regime['theory_c']:.3f} at the same points ({regime['theory_c_sweep']:.3f}"
-            f" over the whole sweep, where n = {regime['n']} cannot follow it); Su 2021 quotes "
-            f"{regime['seed_c']}, the expression's slope near lambda*d = 20"
-        ]
-    return [*lines, f"  caveat: {regime['caveat']}"]

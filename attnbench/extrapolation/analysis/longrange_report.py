@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from attnbench.extrapolation.analysis import report, stats
+from attnbench.extrapolation.analysis import figures, report, stats
 from attnbench.extrapolation.evaluation.longrange import LongRangeResult
 from attnbench.runtime.outputs import atomic_open, save_figure
 
@@ -222,7 +222,7 @@ def figure(standard: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], t
                 stats.interval_half_width(s, int(c))
                 for s, c in zip(g["std"], g["count"], strict=True)
             ]
-            style = report.floor_style(variant) if g["kind"].iloc[0] == "baseline" else {
+            style = figures.floor_style(variant) if g["kind"].iloc[0] == "baseline" else {
                 "color": colour.get(variant), "marker": "o", "markersize": 4, "label": variant,
                 "linestyle": "-" if g["kind"].iloc[0] == "trained" else "--",
             }  # fmt: skip
@@ -232,7 +232,7 @@ def figure(standard: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]], t
             for variant, g in no_copy.groupby("variant", sort=False):
                 g = g.sort_values("eval_len")
                 ax.plot(g["eval_len"], g["mean"], linestyle=":", color=colour.get(variant))
-        report.length_axis(ax, lengths, train_len, name)
+        figures.length_axis(ax, lengths, train_len, name)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     save_figure(fig, path, dpi=130)

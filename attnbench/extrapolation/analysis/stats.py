@@ -17,6 +17,9 @@ the power approach for assessing the equivalence of average bioavailability", 19
 https://doi.org/10.1007/BF01068419.
 
 Student's t comes from SciPy (:func:`scipy.stats.ttest_1samp`, :data:`scipy.stats.t`).
+
+Within one seed, :func:`within_seed` bootstraps the difference over the evaluation span's pieces
+(:func:`bootstrap_difference`, SciPy's :func:`scipy.stats.bootstrap`, paired).
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import pandas as pd
 from scipy import stats as _scipy
 
 from attnbench.core.errors import AttnbenchError
@@ -167,3 +172,64 @@ def interval_half_width(sd: float, count: int, level: float = LEVEL) -> float:
     if count < 2 or math.isnan(sd):
         return float("nan")
     return float(_scipy.t.ppf(0.5 + level / 2.0, count - 1)) * sd / math.sqrt(count)
+
+
+# --------------------------------------------------------------------------------------------
+# Within one seed: a bootstrap over the evaluation span's pieces
+# --------------------------------------------------------------------------------------------
+
+
+#: Bootstrap draws (resamples of the pieces) per (variant, seed, length).
+BOOTSTRAP_DRAWS = 2000
+
+
+def bootstrap_difference(
+    masked: Sequence[int],
+    correct: Sequence[int],
+    base_correct: Sequence[int],
+    draws: int = BOOTSTRAP_DRAWS,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """95 % percentile interval of accuracy(variant) - accuracy(base) in points, resampling the
+    pieces with replacement (the same pieces for both: the difference is paired), by
+    :func:`scipy.stats.bootstrap`. One piece has nothing to resample: its own difference."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    data = tuple(np.asarray(x, dtype=np.float64) for x in (masked, correct, base_correct))
+
+    def difference(m, c, b, axis=-1):  # points of accuracy over the resampled pieces
+        return 100.0 * (c.sum(axis) - b.sum(axis)) / np.maximum(m.sum(axis), 1.0)
+
+    if len(data[0]) < 2:  # SciPy needs two observations
+        point = float(difference(*data))
+        return point, point
+    rng = np.random.default_rng(seed)
+    found = bootstrap(data, difference, n_resamples=draws, paired=True, vectorized=True,
+                      method="percentile", rng=rng)  # fmt: skip
+    return float(found.confidence_interval.low), float(found.confidence_interval.high)
+
+
+def within_seed(rows: Sequence[dict[str, Any]], key: str, base: str = "O") -> pd.DataFrame:
+    """Per (variant, length): the bootstrap interval's half-width of variant − base, averaged
+    over the seeds both were evaluated with."""
+    found = {(r["variant"], r["seed"], r["eval_len"]): r[key] for r in rows if key in r}
+    out = []
+    for (variant, seed, n), (masked, correct) in found.items():
+        ref = found.get((base, seed, n))
+        if variant == base or ref is None:
+            continue
+        low, high = bootstrap_difference(masked, correct, ref[1])
+        out.append({"variant": variant, "eval_len": n, "seed": seed, "half": (high - low) / 2})
+    frame = pd.DataFrame(out, columns=["variant", "eval_len", "seed", "half"])
+    return frame.groupby(["variant", "eval_len"], sort=False)["half"].mean().reset_index()
+
+
+def markdown_within_seed(frame: pd.DataFrame, lengths: Sequence[int], base: str = "O") -> str:
+    head = f"| variant − {base} | " + " | ".join(f"n={n}" for n in lengths) + " |"
+    lines = [head, "|---|" + "---:|" * len(lengths)]
+    for variant, group in frame.groupby("variant", sort=False):
+        by_n = {int(r.eval_len): r.half for r in group.itertuples()}
+        cells = [f"±{by_n[n]:.1f}" if n in by_n else "-" for n in lengths]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from attnbench.extrapolation.analysis import longrange_report, report
+from attnbench.extrapolation.analysis import figures, longrange_report, report, stats
 from attnbench.extrapolation.evaluation.evaluate import EvalStream
 from attnbench.extrapolation.experiment.config import ExtrapConfig
 from attnbench.extrapolation.experiment.evaluations import PIECES
@@ -71,7 +71,7 @@ def write_results(cfg: ExtrapConfig, opts: RunOptions, inputs: RunInputs, rows: 
     command = portable(command, opts.out)  # no path of this machine in a result file
     table_md = _table_markdown(cfg, rows, summary, lengths, title, command, stream)
     write_text(opts.out / TABLE_NAME, table_md)
-    report.figure(summary, lengths, cfg.model.train_len, opts.out / FIGURE_NAME, title)
+    figures.figure(summary, lengths, cfg.model.train_len, opts.out / FIGURE_NAME, title)
     long_range = _long_range_outputs(cfg, opts, rows, title, command)
     sidecar = _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command)
     sidecar.update(load=load, warnings=list(warnings or []))
@@ -90,7 +90,7 @@ def _long_range_outputs(cfg, opts, rows, title, command) -> list[str]:
     write_text(opts.out / longrange_report.TABLE_NAME, md)
     standard = [r for r in rows if r.get("status") == "ok"]
     longrange_report.figure(standard, rows, cfg.model.train_len,
-                            opts.out / longrange_report.FIGURE_NAME, title)  # fmt: skip
+                           opts.out / longrange_report.FIGURE_NAME, title)  # fmt: skip
     names = longrange_report.CSV_NAME, longrange_report.TABLE_NAME, longrange_report.FIGURE_NAME
     return list(names)
 
@@ -152,10 +152,10 @@ def _differences(rows, lengths, stream: EvalStream) -> list[str]:
         "",
         f"Within one seed, the evaluation text's own sampling error: 95 % bootstrap interval "
         f"of variant − O over the span's {stream.pieces} pieces (resampled with replacement, "
-        f"{report.BOOTSTRAP_DRAWS} draws, paired), its half-width averaged over seeds "
+        f"{stats.BOOTSTRAP_DRAWS} draws, paired), its half-width averaged over seeds "
         "(points):",
         "",
-        report.markdown_within_seed(report.within_seed(rows, PIECES), lengths),
+        stats.markdown_within_seed(stats.within_seed(rows, PIECES), lengths),
         "",
     ]
 
