@@ -21,10 +21,8 @@ from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.evaluation.evaluate import EvalStream, evaluate
 from attnbench.extrapolation.experiment.config import load_preset
 from attnbench.extrapolation.experiment.run import run_extrapolate
-from attnbench.extrapolation.model.encoder import (
-    MASK_ID,
-    EvalPositions,
-)
+from attnbench.extrapolation.model.encoder import MASK_ID
+from attnbench.extrapolation.model.positions import EvalPositions
 from attnbench.extrapolation.training.batches import (
     BatchSampler,
     TrainingBatches,

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.model.encoder import MASK_ID, EvalPositions
+from attnbench.extrapolation.model.encoder import MASK_ID
+from attnbench.extrapolation.model.positions import EvalPositions
 from attnbench.extrapolation.model.tricks import TrickMixer
 from attnbench.layers import AttentionMixer
 

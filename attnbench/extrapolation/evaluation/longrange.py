@@ -35,7 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from attnbench.extrapolation.model.encoder import MASK_ID, EvalPositions
+from attnbench.extrapolation.model.encoder import MASK_ID
+from attnbench.extrapolation.model.positions import EvalPositions
 from attnbench.extrapolation.training.copies import MIN_COPY, Copies, plant
 
 #: Bytes copied per window (at most n - d).

@@ -26,8 +26,9 @@ from attnbench.extrapolation.experiment.config import (
     spec_json,
 )
 from attnbench.extrapolation.experiment.plan import Plan
-from attnbench.extrapolation.model.encoder import EvalPositions, MLMEncoder, build_model
-from attnbench.extrapolation.model.tricks import TrickMixer
+from attnbench.extrapolation.model.encoder import MLMEncoder, build_model
+from attnbench.extrapolation.model.positions import EvalPositions
+from attnbench.extrapolation.model.tricks import trick_mixers
 from attnbench.extrapolation.training.checkpoints import load_checkpoint
 
 #: The row key holding a row's per-piece (masked, correct) counts, written to pieces.csv.
@@ -213,12 +214,7 @@ def _evaluate_trained(cfg, log, v: TrainedVariant, seed, ckpt, stream, device) -
 
 def _evaluate_eval_time(cfg, log, ev: EvalTimeVariant, seed, ckpt, stream, device) -> list[dict]:
     tricks = ev.tricks
-    model = MLMEncoder(
-        cfg.model,
-        lambda c, i: TrickMixer(
-            c.d_model, c.heads, tricks, rope_base=c.rope_base, layer=i, layers=c.layers
-        ),
-    )
+    model = MLMEncoder(cfg.model, trick_mixers(tricks))
     model.load_state_dict(ckpt["model"])  # strict: the O weights, unchanged
     model.to(device)
     return _eval_all(

@@ -250,32 +250,6 @@ class MLMEncoder(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
-def sorted_random_positions(windows: int, length: int, span: int, gen: torch.Generator) -> Tensor:
-    """``windows`` rows of ``length`` distinct positions from 0..span-1, each sorted: the indices
-    of the ``length`` largest of ``span`` uniform draws, a uniform random subset (the randomized
-    positions of Ruoss et al. 2023). [windows, length] long."""
-    keys = torch.rand((windows, span), generator=gen, dtype=torch.float64)  # (W, P)
-    return keys.topk(length, dim=1).indices.sort(dim=1).values
-
-
-@dataclass(frozen=True)
-class EvalPositions:
-    """The rotary positions of evaluation windows for a model trained with randomized positions
-    (``train.random_positions`` = ``span``): as the reference code of Ruoss et al. 2023 does at
-    test time, each window of length n < span gets sorted distinct ids drawn from 0..span-1
-    (seeded by ``seed`` and n: the same draw for every row and training seed); n >= span: the
-    plain 0..n-1 (None)."""
-
-    span: int
-    seed: int
-
-    def draw(self, windows: int, length: int) -> Tensor | None:
-        if length >= self.span:
-            return None
-        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + length) % 2**63)
-        return sorted_random_positions(windows, length, self.span, gen)
-
-
 def init_weights(model: nn.Module, std: float = 0.02) -> None:
     """GPT-2 style: N(0, std) for every Linear and Embedding weight, zero biases. Parameters a
     mechanism keeps outside Linear layers (learned biases, gates) keep their own init."""

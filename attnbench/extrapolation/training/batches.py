@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.model.encoder import MASK_ID, sorted_random_positions
+from attnbench.extrapolation.model.encoder import MASK_ID
+from attnbench.extrapolation.model.positions import sorted_random_positions
 from attnbench.extrapolation.training import copies
 from attnbench.extrapolation.training.options import TrainConfig, check_training_options
 
