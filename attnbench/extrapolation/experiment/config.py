@@ -23,8 +23,9 @@ from typing import Any
 
 from attnbench import registry
 from attnbench.core.errors import AttnbenchError, unknown
+from attnbench.core.spec import Mechanism
 from attnbench.extrapolation.evaluation.longrange import COPY_LENGTH, DISTANCES
-from attnbench.extrapolation.model.encoder import MixerSpec, ModelConfig
+from attnbench.extrapolation.model.encoder import Mixer, MixerSpec, ModelConfig
 from attnbench.extrapolation.model.tricks import Tricks, parse_tricks, settings_problem
 from attnbench.extrapolation.training.options import TrainConfig
 from attnbench.runtime import tomlconfig
@@ -348,10 +349,16 @@ def load_preset(name_or_path: str, settings: Sequence[Setting] = ()) -> ExtrapCo
 
 @dataclass(frozen=True)
 class TrainedVariant:
-    """A row trained from scratch: its label and its mixer, parameters resolved."""
+    """A row trained from scratch: its label and its mixer, resolved once (the registry's record
+    and the spec with its parameters resolved: :class:`Mixer`)."""
 
     label: str
-    spec: MixerSpec
+    mixer: Mixer
+
+    @property
+    def spec(self) -> MixerSpec:
+        """The mixer by name (the checkpoint key's, the rows')."""
+        return self.mixer.spec
 
     @property
     def file_stem(self) -> str:
@@ -367,9 +374,10 @@ class EvalTimeVariant:
     tricks: Tricks
 
 
-def resolve_spec(spec: MixerSpec, label: str) -> MixerSpec:
-    """Validate a spec against the registry: known, bidirectional, trainable, params resolved."""
-    mech = registry.get(spec.mechanism)
+def resolve_spec(spec: MixerSpec, label: str, mech: Mechanism | None = None) -> Mixer:
+    """Resolve a spec against the registry, once (``mech``: already found): known,
+    bidirectional, trainable, a known path, its parameters resolved."""
+    mech = mech or registry.get(spec.mechanism)
     if spec.path is not None:
         mech.path(spec.path)
     if not mech.bidirectional:
@@ -381,7 +389,7 @@ def resolve_spec(spec: MixerSpec, label: str) -> MixerSpec:
     if not mech.backward:
         raise AttnbenchError(f"variant {label}: {mech.name} has no backward pass; cannot train it")
     params = {k: _plain(v) for k, v in mech.resolve(dict(spec.params)).items()}
-    return MixerSpec(mech.name, spec.path, params)
+    return Mixer(MixerSpec(mech.name, spec.path, params), mech)
 
 
 def _plain(value: Any) -> Any:
@@ -401,16 +409,17 @@ def resolve_variants(
     notes: list[str] = []
     out: dict[str, TrainedVariant] = {}
     for name in cfg.run.variants:
+        mech = None
         if name in cfg.variant_defs:
             spec = cfg.variant_defs[name]
         else:
             mech_name, _, path = name.partition(":")
             try:
-                registry.get(mech_name)
+                mech = registry.get(mech_name)
             except AttnbenchError:
                 raise unknown("variant", name, known_variant_names(cfg)) from None
             spec = MixerSpec(mech_name, path or None)
-        out.setdefault(name, TrainedVariant(name, resolve_spec(spec, name)))
+        out.setdefault(name, TrainedVariant(name, resolve_spec(spec, name, mech)))
     impl_params = dict(impl_params or {})
     expanded: list[str] = []
     for text in impls or []:
@@ -436,8 +445,8 @@ def resolve_variants(
         label = mech.name + (f":{path_name}" if path_name else "")
         if params:
             label += "(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")"
-        spec = resolve_spec(MixerSpec(mech.name, path_name, params), label)
-        out.setdefault(label, TrainedVariant(label, spec))
+        mixer = resolve_spec(MixerSpec(mech.name, path_name, params), label, mech)
+        out.setdefault(label, TrainedVariant(label, mixer))
     return list(out.values()), notes
 
 

@@ -192,7 +192,7 @@ def _long_range(cfg: ExtrapConfig, model, stream: EvalStream, n: int, chunk: int
 
 
 def _evaluate_trained(cfg, log, v: TrainedVariant, seed, ckpt, stream, device) -> list[dict]:
-    model = build_model(cfg.model, v.spec)
+    model = build_model(cfg.model, v.mixer)
     model.load_state_dict(ckpt["model"])
     model.to(device)
     return _eval_all(

@@ -148,7 +148,7 @@ def read_inputs(cfg: ExtrapConfig, opts: RunOptions) -> RunInputs:
     for v in variants:  # build each model once now: a bad layer, or a training option it
         torch.manual_seed(0)  # cannot take (random positions), fails before any training
         check_training_options(
-            cfg.train, cfg.model.train_len, build_model(cfg.model, v.spec), v.label
+            cfg.train, cfg.model.train_len, build_model(cfg.model, v.mixer), v.label
         )
     seeds = list(range(cfg.run.seed_start, cfg.run.seed_start + cfg.run.seeds))
     device = machine.resolve_device(cfg.run.device, "run.device (--device)")

@@ -146,7 +146,7 @@ def train_or_load(cfg, opts, v, seed, path, key, ckpt, train_stream, device, dis
         "train_time_s": round(ckpt["train_time_s"], 2),
         "ms_per_step": round(1000 * ckpt["train_time_s"] / steps, 1),
         "final_loss": ckpt["final_loss"],
-        "model_params": build_model(cfg.model, v.spec).num_params(),
+        "model_params": build_model(cfg.model, v.mixer).num_params(),
         "checkpoint": str(path),
     }
     return ckpt, info
@@ -214,7 +214,7 @@ class TrainJob:
         torch.manual_seed(seed)  # the same seed on every rank: the same initial weights
         random.seed(seed)
         device = dist.device if dist is not None else self.device
-        model = build_model(cfg.model, v.spec).to(device)
+        model = build_model(cfg.model, v.mixer).to(device)
         history = curves.history_points(self.resume["history"], cfg.train) if self.resume else []
         curve = None
         if dist is None or dist.is_main:  # under torchrun, rank 0 alone writes the curve

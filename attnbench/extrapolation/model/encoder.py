@@ -34,6 +34,7 @@ from torch import Tensor, nn
 
 from attnbench import registry
 from attnbench.core.errors import AttnbenchError
+from attnbench.core.spec import Mechanism
 from attnbench.layers import Rotary, make_layer, takes_positions
 from attnbench.runtime.schema import Checked, Invalid, at_least, setting
 
@@ -95,13 +96,41 @@ class MixerSpec:
         return asdict(self) | {"params": dict(self.params)}
 
 
+@dataclass(frozen=True)
+class Mixer:
+    """A :class:`MixerSpec` resolved against the registry once: the mechanism's record, carried
+    from the variant to the model so that nothing resolves the name again. It crosses to a worker
+    process as its spec (a record holds functions that do not pickle), resolved there once."""
+
+    spec: MixerSpec
+    mechanism: Mechanism
+
+    @classmethod
+    def of(cls, spec: MixerSpec) -> Mixer:
+        return cls(spec, registry.get(spec.mechanism))
+
+    @property
+    def whole_block(self) -> bool:
+        """Whether the mechanism's layer replaces attention + FFN (GAU, FLASH)."""
+        return bool(getattr(self.mechanism, "whole_block", False))
+
+    def __reduce__(self):
+        return (Mixer.of, (self.spec,))
+
+
+def resolved(mixer: Mixer | MixerSpec) -> Mixer:
+    """``mixer`` as a :class:`Mixer` (a spec is resolved here, once)."""
+    return mixer if isinstance(mixer, Mixer) else Mixer.of(mixer)
+
+
 #: A factory for one block's token mixer: (config, block index) -> module [B, T, C] -> [B, T, C].
 MixerFactory = Callable[[ModelConfig, int], nn.Module]
 
 
-def registry_mixer(spec: MixerSpec) -> MixerFactory:
+def registry_mixer(mixer: Mixer | MixerSpec) -> MixerFactory:
     """Mixers built by :func:`make_layer` from a registry mechanism, with rotary embedding."""
-    mech = registry.get(spec.mechanism)
+    mixer = resolved(mixer)
+    mech, spec = mixer.mechanism, mixer.spec
     if not mech.bidirectional:
         raise AttnbenchError(
             f"{mech.name} is causal only; the extrapolation model is a bidirectional encoder"
@@ -123,9 +152,9 @@ def registry_mixer(spec: MixerSpec) -> MixerFactory:
     return build
 
 
-def is_whole_block(spec: MixerSpec) -> bool:
+def is_whole_block(mixer: Mixer | MixerSpec) -> bool:
     """Whether the mechanism's layer replaces attention + FFN (GAU, FLASH)."""
-    return bool(getattr(registry.get(spec.mechanism), "whole_block", False))
+    return resolved(mixer).whole_block
 
 
 class FeedForward(nn.Module):
@@ -260,10 +289,11 @@ def init_weights(model: nn.Module, std: float = 0.02) -> None:
                 nn.init.zeros_(m.bias)
 
 
-def build_model(cfg: ModelConfig, spec: MixerSpec) -> MLMEncoder:
-    """The encoder with ``spec``'s mechanism in every block (initialised, not trained)."""
-    whole = is_whole_block(spec)
-    blocks = 2 * cfg.layers if whole else cfg.layers
-    model = MLMEncoder(cfg, registry_mixer(spec), with_ffn=not whole, blocks=blocks)
+def build_model(cfg: ModelConfig, mixer: Mixer | MixerSpec) -> MLMEncoder:
+    """The encoder with ``mixer``'s mechanism in every block (initialised, not trained); a
+    :class:`Mixer` is used as resolved, a spec is resolved once here."""
+    mixer = resolved(mixer)
+    blocks = 2 * cfg.layers if mixer.whole_block else cfg.layers
+    model = MLMEncoder(cfg, registry_mixer(mixer), with_ffn=not mixer.whole_block, blocks=blocks)
     init_weights(model)
     return model
