@@ -5,6 +5,9 @@ below it, and there is no import cycle.
         -> variants -> kernels | libraries -> measure | runtime -> core
 
 Parts on one layer do not import each other (the two experiments share only what is below them).
+Inside the extrapolation experiment the stages are layered the same way:
+
+    experiment -> analysis -> evaluation -> training -> model
 Read from the source with ``ast`` (imports inside functions count too), so a cycle that only
 shows at run time, or only on some import order, is caught here.
 
@@ -128,6 +131,40 @@ def test_dependencies_point_down_the_layers():
         and part(dst) != part(src)
         and dst != "attnbench"  # the package root holds only __version__
         and (part(dst) in ENTRY or RANK[part(dst)] >= RANK[part(src)])
+    ]
+    assert wrong == []
+
+
+#: The stages of the extrapolation experiment, lowest first: each imports only itself and those
+#: below it (a model knows nothing of training, training nothing of evaluation, ...).
+EXTRAPOLATION_STAGES = ("model", "training", "evaluation", "analysis", "experiment")
+
+
+def stage(module: str) -> str | None:
+    """``attnbench.extrapolation.STAGE.x`` -> STAGE (None outside the extrapolation part)."""
+    parts = module.split(".")
+    return parts[2] if parts[1:2] == ["extrapolation"] and len(parts) > 2 else None
+
+
+def test_every_extrapolation_module_sits_in_a_stage():
+    found = {stage(m) for m in import_graph() if part(m) == "extrapolation"} - {None}
+    assert found == set(EXTRAPOLATION_STAGES), "add the new stage to EXTRAPOLATION_STAGES"
+    loose = [
+        m
+        for m in import_graph()
+        if part(m) == "extrapolation" and m.count(".") == 2 and stage(m) not in found
+    ]
+    assert loose == [], "put the module in the stage it belongs to"
+
+
+def test_extrapolation_stages_point_down():
+    rank = {name: i for i, name in enumerate(EXTRAPOLATION_STAGES)}
+    wrong = [
+        f"{src} imports {dst}"
+        for src, targets in import_graph().items()
+        if stage(src) is not None
+        for dst in targets
+        if stage(dst) is not None and rank[stage(dst)] > rank[stage(src)]
     ]
     assert wrong == []
 

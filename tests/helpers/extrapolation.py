@@ -35,6 +35,12 @@ def tiny_model(mechanism: str = "softmax", seed: int = 3, **params):
     return build_model(cfg, MixerSpec(mechanism, params=params))
 
 
+def tiny_encoder(spec: MixerSpec = MixerSpec("softmax"), heads: int = 2):
+    """An encoder of two blocks of width 32 trained at L = 16 (initialised from seed 0)."""
+    torch.manual_seed(0)
+    return build_model(ModelConfig(d_model=32, layers=2, heads=heads, train_len=16), spec)
+
+
 def whole_windows(batch) -> torch.Tensor:
     """The batch's windows with their masked bytes put back."""
     tokens = batch.inputs.clone()

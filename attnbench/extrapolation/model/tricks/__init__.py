@@ -17,23 +17,28 @@ finds every such module; :mod:`.row` reads a row (``rerope@48+logn``) into :clas
 
 from __future__ import annotations
 
-from attnbench.extrapolation.model.tricks.base import LOGN_POWER_PREFIX, WINDOW_MARK, At, Trick
-from attnbench.extrapolation.model.tricks.leaky import LEAKY_AUTO
+from attnbench.extrapolation.model.tricks.base import (
+    LEAKY_AUTO,
+    LOGN_POWER_PREFIX,
+    WINDOW_MARK,
+    YARN_ALPHA,
+    YARN_BETA,
+    YARN_BETA_FAST,
+    YARN_BETA_SLOW,
+    At,
+    Trick,
+    Tricks,
+)
 from attnbench.extrapolation.model.tricks.mixer import TrickMixer, trick_mixers
 from attnbench.extrapolation.model.tricks.registry import REGISTRY, TRICKS
 from attnbench.extrapolation.model.tricks.row import (
     ACCEPTED,
     RENAMED,
-    Tricks,
     parse_tricks,
     settings_problem,
 )
-from attnbench.extrapolation.model.tricks.yarn import YARN_ALPHA, YARN_BETA, yarn_freq_scale
-from attnbench.extrapolation.model.tricks.yarn_dim import (
-    YARN_BETA_FAST,
-    YARN_BETA_SLOW,
-    yarn_dim_freq_scale,
-)
+from attnbench.extrapolation.model.tricks.yarn import yarn_freq_scale
+from attnbench.extrapolation.model.tricks.yarn_dim import yarn_dim_freq_scale
 
 __all__ = [
     "ACCEPTED",

@@ -1,11 +1,12 @@
 """What an evaluation-time trick is to the code: a :class:`Trick` record, one per module of this
-package, whose hooks say what the trick changes in the attention of a trained O model. The mixer
-(:mod:`.mixer`) composes the hooks of a row's tricks in a fixed order: the rotary embedding
-(:attr:`Trick.rotary`), the scores' relative positions (:attr:`Trick.remap`), then the row
-factors (the window :attr:`Trick.windowed`, the log n scale :attr:`Trick.log_scaled`, YaRN's
-temperature :attr:`Trick.temperature`); the evaluator cuts windows into chunks
-(:attr:`Trick.chunked`). A trick sets only the hooks it needs; every hook is a module-level
-function, so that a row of tricks crosses to a worker process by pickling.
+package, and a row of them with its settings (:class:`Tricks`). A trick's hooks say what the
+trick changes in the attention of a trained O model. The mixer (:mod:`.mixer`) composes the
+hooks of a row's tricks in a fixed order: the rotary embedding (:attr:`Trick.rotary`), the
+scores' relative positions (:attr:`Trick.remap`), then the row factors (the window
+:attr:`Trick.windowed`, the log n scale :attr:`Trick.log_scaled`, YaRN's temperature
+:attr:`Trick.temperature`); the evaluator cuts windows into chunks (:attr:`Trick.chunked`). A
+trick sets only the hooks it needs; every hook is a module-level function, so that a row of
+tricks crosses to a worker process by pickling.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from torch import Tensor
 
 if TYPE_CHECKING:
     from attnbench.core.building_blocks import Rotary
-    from attnbench.extrapolation.model.tricks.row import Tricks
 
 #: Tricks of a family change the same thing, so a row holds at most one of each: those that set
 #: the rotary frequencies, those that remap the relative positions.
@@ -29,6 +29,74 @@ ROTARY, RELATIVE = "sets the rotary frequencies", "remaps the relative positions
 WINDOW_MARK = "@"
 #: ``logn^P``: the log n scale to the power P.
 LOGN_POWER_PREFIX = "logn^"
+# The defaults of the settings the tricks read (the run's [eval] may change them).
+#: YaRN's ramp in the paper's form: pairs making fewer than alpha turns over the training length
+#: are interpolated fully, more than beta not at all (Peng et al. 2023's values for LLaMA).
+YARN_ALPHA, YARN_BETA = 1.0, 32.0
+#: YaRN's ramp as its code computes it: the pairs making beta_fast and beta_slow turns over L
+#: bound the ramp over the pair index (jquesnelle/yarn's and Transformers' defaults).
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
+#: Leaky ReRoPE's k: 0 chooses it per n.
+LEAKY_AUTO = 0.0
+
+
+@dataclass(frozen=True)
+class Tricks:
+    """A row of evaluation-time tricks (the records, in the row's order), their windows and
+    settings."""
+
+    tricks: tuple[Trick, ...]
+    train_len: int
+    local_window: int
+    rerope_window: int
+    yarn_alpha: float = YARN_ALPHA
+    yarn_beta: float = YARN_BETA
+    yarn_beta_fast: float = YARN_BETA_FAST
+    yarn_beta_slow: float = YARN_BETA_SLOW
+    leaky_k: float = LEAKY_AUTO
+    #: The power p of ``logn^P`` (1 for ``logn``).
+    logn_power: float = 1.0
+    #: Whether ``rerope_window`` is the row's own ``@W`` (spelled in the label: ``rerope@48``)
+    #: rather than the run's setting.
+    window_from_row: bool = False
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.tricks)
+
+    @property
+    def label(self) -> str:
+        return "+".join(t.spelled(self) if t.spelled else t.name for t in self.tricks)
+
+    @property
+    def chunk(self) -> bool:
+        """Whether the windows are evaluated as independent L-token chunks."""
+        return any(t.chunked for t in self.tricks)
+
+    def has(self, name: str) -> bool:
+        return name in self.names
+
+    def leaky_factor(self, n: int) -> float:
+        """Leaky ReRoPE's k at length n: ``leaky_k``, or the least k >= 1 that maps the farthest
+        key (abs(r) = n - 1) to L - 1 when it is 0 (:mod:`.leaky`)."""
+        if self.leaky_k != LEAKY_AUTO:
+            return self.leaky_k
+        w, L = self.rerope_window, self.train_len
+        return max(1.0, (n - 1 - w) / (L - 1 - w))
+
+    def parameters(self, name: str) -> str:
+        """The settings the row's trick ``name`` reads, as ``key=value`` (empty when none)."""
+        trick = next((t for t in self.tricks if t.name == name), None)
+        return trick.settings(self) if trick is not None and trick.settings else ""
+
+    def describe(self) -> str:
+        """Each trick's description with its settings (what the sidecar and the CSV record)."""
+        parts = []
+        for t in self.tricks:
+            text = t.describe(self) if t.describe else t.summary
+            params = t.settings(self) if t.settings else ""
+            parts.append(f"{text} [{params}]" if params else text)
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True)

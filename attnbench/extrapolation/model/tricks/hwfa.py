@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from attnbench.extrapolation.model.tricks.base import At, Trick
 
 if TYPE_CHECKING:
-    from attnbench.extrapolation.model.tricks.row import Tricks
+    from attnbench.extrapolation.model.tricks.base import Tricks
 
 SUMMARY = (
     "HWFA: keys within +-local_window (L/2) in every layer but the last, full attention "

@@ -24,6 +24,7 @@ from torch import Tensor
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.model.positions import rotate
 from attnbench.extrapolation.model.tricks.base import (
+    LEAKY_AUTO,
     RELATIVE,
     WINDOW_MARK,
     At,
@@ -36,22 +37,11 @@ from attnbench.extrapolation.model.tricks.base import (
 
 if TYPE_CHECKING:
     from attnbench.core.building_blocks import Rotary
-    from attnbench.extrapolation.model.tricks.row import Tricks
+    from attnbench.extrapolation.model.tricks.base import Tricks
 
-#: Leaky ReRoPE's k: 0 chooses it per n (see the module docstring).
-LEAKY_AUTO = 0.0
 SUMMARY = (
     "Leaky ReRoPE: relative positions beyond +-rerope_window (L/2; leaky@W: W) compressed by 1/k"
 )
-
-
-def factor(row: Tricks, n: int) -> float:
-    """Leaky ReRoPE's k at length n: ``leaky_k``, or the least k >= 1 that maps the farthest key
-    (abs(r) = n - 1) to L - 1 when it is 0."""
-    if row.leaky_k != LEAKY_AUTO:
-        return row.leaky_k
-    w, L = row.rerope_window, row.train_len
-    return max(1.0, (n - 1 - w) / (L - 1 - w))
 
 
 def remap(at: At, q: Tensor, k: Tensor, rot: Rotary, s: Tensor) -> Tensor:
@@ -59,7 +49,7 @@ def remap(at: At, q: Tensor, k: Tensor, rot: Rotary, s: Tensor) -> Tensor:
     (i +- w (k - 1)) / k and key j to j / k give exactly that (Su's code): ReRoPE's clipping is
     the limit k -> inf. At k = 1 (n short enough) the scores are RoPE's, as they are."""
     T, w = q.shape[-2], at.row.rerope_window
-    lk = factor(at.row, T)
+    lk = at.row.leaky_factor(T)
     if lk == 1:
         return s
     pos = torch.arange(T, dtype=torch.float64)  # (T,)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from attnbench.extrapolation.model.tricks.base import Trick, everywhere
 
 if TYPE_CHECKING:
-    from attnbench.extrapolation.model.tricks.row import Tricks
+    from attnbench.extrapolation.model.tricks.base import Tricks
 
 SUMMARY = "local window: each query sees keys within +-local_window (L/2)"
 

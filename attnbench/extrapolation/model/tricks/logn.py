@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from attnbench.extrapolation.model.tricks.base import LOGN_POWER_PREFIX, Trick, everywhere
 
 if TYPE_CHECKING:
-    from attnbench.extrapolation.model.tricks.row import Tricks
+    from attnbench.extrapolation.model.tricks.base import Tricks
 
 
 def spelled(row: Tricks) -> str:

@@ -21,8 +21,7 @@ from torch import Tensor, nn
 from attnbench.core.building_blocks import Rotary
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.model.positions import rotate
-from attnbench.extrapolation.model.tricks.base import At, yarn_temperature
-from attnbench.extrapolation.model.tricks.row import Tricks
+from attnbench.extrapolation.model.tricks.base import At, Tricks, yarn_temperature
 
 #: Called with the attention probabilities [B, H, T, T] of one forward pass (entropy probes).
 ProbsHook = Callable[[Tensor], None]

@@ -29,7 +29,7 @@ from attnbench.extrapolation.model.tricks.base import (
 
 if TYPE_CHECKING:
     from attnbench.core.building_blocks import Rotary
-    from attnbench.extrapolation.model.tricks.row import Tricks
+    from attnbench.extrapolation.model.tricks.base import Tricks
 
 SUMMARY = "ReRoPE: relative positions clipped at +-rerope_window (L/2; rerope@W: W)"
 

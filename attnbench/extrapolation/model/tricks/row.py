@@ -1,5 +1,6 @@
-"""A row of evaluation-time tricks, as ``--eval-time`` spells it, read into :class:`Tricks`: the
-tricks (resolved once, from the registry), the windows and the settings they read.
+"""A row of evaluation-time tricks, as ``--eval-time`` spells it, read into a
+:class:`~.base.Tricks`: the tricks (resolved once, from the registry), the windows and the
+settings they read.
 
 Tricks compose with ``+`` (``ntk+logn``, ``rerope+logn`` as in Su's own ReRoPE code,
 ``rerope+logn^2``, ``rerope@48+logn``), except a trick that stands alone (``chunk``); at most one
@@ -15,81 +16,27 @@ ReRoPE's k) default to the sources' values and are the run's ``[eval]`` settings
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from attnbench.core.errors import AttnbenchError, unknown
-from attnbench.extrapolation.model.tricks import leaky
 from attnbench.extrapolation.model.tricks.base import (
+    LEAKY_AUTO,
     LOGN_POWER_PREFIX,
     RELATIVE,
     ROTARY,
     WINDOW_MARK,
+    YARN_ALPHA,
+    YARN_BETA,
+    YARN_BETA_FAST,
+    YARN_BETA_SLOW,
     Trick,
+    Tricks,
 )
-from attnbench.extrapolation.model.tricks.leaky import LEAKY_AUTO
 from attnbench.extrapolation.model.tricks.registry import REGISTRY
-from attnbench.extrapolation.model.tricks.yarn import YARN_ALPHA, YARN_BETA
-from attnbench.extrapolation.model.tricks.yarn_dim import YARN_BETA_FAST, YARN_BETA_SLOW
 
 #: Old names, and what they are called now.
 RENAMED = {"yarn-temp": "temperature"}
 #: Every accepted spelling, for error messages.
 ACCEPTED = [*REGISTRY, "logn^P (P > 0)", "rerope@W and leaky@W (W an integer >= 1)"]
-
-
-@dataclass(frozen=True)
-class Tricks:
-    """A row of evaluation-time tricks (the records, in the row's order), their windows and
-    settings."""
-
-    tricks: tuple[Trick, ...]
-    train_len: int
-    local_window: int
-    rerope_window: int
-    yarn_alpha: float = YARN_ALPHA
-    yarn_beta: float = YARN_BETA
-    yarn_beta_fast: float = YARN_BETA_FAST
-    yarn_beta_slow: float = YARN_BETA_SLOW
-    leaky_k: float = LEAKY_AUTO
-    #: The power p of ``logn^P`` (1 for ``logn``).
-    logn_power: float = 1.0
-    #: Whether ``rerope_window`` is the row's own ``@W`` (spelled in the label: ``rerope@48``)
-    #: rather than the run's setting.
-    window_from_row: bool = False
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(t.name for t in self.tricks)
-
-    @property
-    def label(self) -> str:
-        return "+".join(t.spelled(self) if t.spelled else t.name for t in self.tricks)
-
-    @property
-    def chunk(self) -> bool:
-        """Whether the windows are evaluated as independent L-token chunks."""
-        return any(t.chunked for t in self.tricks)
-
-    def has(self, name: str) -> bool:
-        return name in self.names
-
-    def leaky_factor(self, n: int) -> float:
-        """Leaky ReRoPE's k at length n (:func:`.leaky.factor`)."""
-        return leaky.factor(self, n)
-
-    def parameters(self, name: str) -> str:
-        """The settings trick ``name`` reads, as ``key=value`` (empty when none)."""
-        trick = REGISTRY.get(name)
-        return trick.settings(self) if trick is not None and trick.settings else ""
-
-    def describe(self) -> str:
-        """Each trick's description with its settings (what the sidecar and the CSV record)."""
-        parts = []
-        for t in self.tricks:
-            text = t.describe(self) if t.describe else t.summary
-            params = t.settings(self) if t.settings else ""
-            parts.append(f"{text} [{params}]" if params else text)
-        return "; ".join(parts)
 
 
 def settings_problem(

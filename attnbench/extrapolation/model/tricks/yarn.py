@@ -17,14 +17,10 @@ from typing import TYPE_CHECKING, Any
 from torch import Tensor
 
 from attnbench.core.building_blocks import Rotary
-from attnbench.extrapolation.model.tricks.base import ROTARY, At, Trick
+from attnbench.extrapolation.model.tricks.base import ROTARY, YARN_ALPHA, YARN_BETA, At, Trick
 
 if TYPE_CHECKING:
-    from attnbench.extrapolation.model.tricks.row import Tricks
-
-#: YaRN's ramp in the paper's form: pairs making fewer than alpha turns over the training length
-#: are interpolated fully, more than beta not at all (Peng et al. 2023's values for LLaMA).
-YARN_ALPHA, YARN_BETA = 1.0, 32.0
+    from attnbench.extrapolation.model.tricks.base import Tricks
 
 
 def yarn_freq_scale(

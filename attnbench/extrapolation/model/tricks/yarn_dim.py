@@ -23,14 +23,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from attnbench.extrapolation.model.tricks.base import ROTARY, At, Trick
+from attnbench.extrapolation.model.tricks.base import (
+    ROTARY,
+    YARN_BETA_FAST,
+    YARN_BETA_SLOW,
+    At,
+    Trick,
+)
 
 if TYPE_CHECKING:
-    from attnbench.extrapolation.model.tricks.row import Tricks
-
-#: YaRN's ramp as its code computes it: the pairs making beta_fast and beta_slow turns over L
-#: bound the ramp over the pair index (jquesnelle/yarn's and Transformers' defaults).
-YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
+    from attnbench.extrapolation.model.tricks.base import Tricks
 
 
 def yarn_correction_pair(dim: int, base: float, train_len: int, turns: float) -> float:
