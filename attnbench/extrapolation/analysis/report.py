@@ -368,7 +368,7 @@ def shape_checks(rows: Sequence[dict[str, Any]], variant: str = "E", base: str =
 # The count rows (no model)
 # --------------------------------------------------------------------------------------------
 
-#: The count rows' labels (eval_tasks writes them): the fair floor, and the first rule kept
+#: The count rows' labels (written by the evaluations): the fair floor, and the first rule kept
 #: beside it. A CSV written before the fair floor has only ``count-baseline``, with the first
 #: rule's note and no ``built_from``.
 FLOOR_LABEL, BACKOFF_LABEL = "count-baseline", "count-backoff"

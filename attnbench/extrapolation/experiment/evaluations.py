@@ -1,5 +1,6 @@
 """The run's evaluations as picklable tasks (:class:`EvalTask`: a trained checkpoint, an
-eval-time row on the trained O's weights, or the count baseline), and the tidy rows they give:
+eval-time row on the trained O's weights, or the count baseline), run here or in worker processes
+(:func:`evaluate_tasks`), and the tidy rows they give:
 one per (variant, seed, length), with ``status`` ``ok``, or ``error`` and the reason when a
 mechanism cannot run at that length (never a dropped row or a bare NaN).
 """
@@ -7,6 +8,7 @@ mechanism cannot run at that length (never a dropped row or a bare NaN).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,8 @@ from attnbench.extrapolation.model.encoder import MLMEncoder, build_model
 from attnbench.extrapolation.model.positions import EvalPositions
 from attnbench.extrapolation.model.tricks import trick_mixers
 from attnbench.extrapolation.training.checkpoints import load_checkpoint
+from attnbench.runtime import logs
+from attnbench.runtime.execute import Executor, UnitEnd, Work, run_units
 
 #: The row key holding a row's per-piece (masked, correct) counts, written to pieces.csv.
 PIECES = "_pieces"
@@ -266,3 +270,56 @@ class EvalTask:
 
 def eval_task_count(plan: Plan, eval_rows) -> int:
     return 1 + sum(1 + (len(eval_rows) if v.label == "O" else 0) for v, *_ in plan.entries)
+
+
+# --------------------------------------------------------------------------------------------
+# The evaluations, here or as units of the runtime
+# --------------------------------------------------------------------------------------------
+
+
+def evaluate_tasks(
+    tasks: Sequence[EvalTask],
+    stream: EvalStream,
+    train_stream: Tensor,
+    layout: tuple[int, int],
+    log: Callable[[str], None],
+    take: Callable[[list[dict[str, Any]]], Any],
+) -> None:
+    """Each task's rows to ``take``, in the order of ``tasks``: here, or with ``layout`` =
+    (processes, threads each) of two or more, as units of the runtime in that many long-lived
+    worker processes at once (spawned; each gets the evaluation span and the training text
+    once; a unit whose process dies is retried once in a fresh one). A failed evaluation raises
+    here (the workers are stopped first); so does Ctrl-C."""
+    workers, threads = layout
+    workers = min(workers, len(tasks))
+    if workers < 2:
+        for task in tasks:
+            take(task.run(stream, train_stream, log))
+        return
+    log(f"evaluating {len(tasks)} models, eval-time rows and baselines: {workers} at once, "
+        f"{threads} thread{'s' * (threads > 1)} each")  # fmt: skip
+    finished: dict[int, list[dict[str, Any]]] = {}
+    given = 0
+
+    def in_order(end: UnitEnd) -> None:
+        nonlocal given
+        if end.error is not None:
+            raise end.error
+        if not end.ok:
+            raise AttnbenchError(f"evaluation {end.index + 1} of {len(tasks)}: {end.reason}")
+        finished[end.index] = end.result
+        while given in finished:
+            take(finished.pop(given))
+            given += 1
+
+    work = Work(_evaluate_unit, (stream, train_stream, threads))
+    run_units(tasks, work, Executor("local", at_once=workers, keep_workers=True), in_order,
+              on_retry=lambda end: log(f"evaluation {end.index + 1}: {end.reason}; retrying "
+                                       "once in a fresh process"))  # fmt: skip
+
+
+def _evaluate_unit(task: EvalTask, attempt: int, stream: EvalStream, train_stream: Tensor,
+                   threads: int) -> list[dict[str, Any]]:  # fmt: skip
+    """A worker process's unit: one evaluation task's rows, with ``threads`` torch threads."""
+    torch.set_num_threads(threads)
+    return task.run(stream, train_stream, logs.info)

@@ -17,9 +17,9 @@ at every layer; several seeds; the chunk-L floor as a row.
 
 The run reads as plan -> trainings -> evaluations -> results, one module each:
 :mod:`.plan` (options, inputs, which checkpoints to train or load, processes and threads),
-:mod:`.trainings` (training jobs here, in worker processes, on Ray or under torchrun),
-:mod:`.eval_tasks` (evaluations as tasks and the rows they give), :mod:`.evaluation_pool` (those
-tasks here or in worker processes) and :mod:`.results` (pieces, table, figure, sidecar).
+:mod:`.trainings` (training jobs here, as units of the runtime in worker processes or on Ray, or
+under torchrun), :mod:`.evaluations` (evaluations as tasks, here or as units in worker processes,
+and the rows they give) and :mod:`.results` (pieces, table, figure, sidecar).
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ import torch
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.analysis import longrange_report, report
 from attnbench.extrapolation.experiment.config import ExtrapConfig
-from attnbench.extrapolation.experiment.evaluation_pool import evaluate_tasks
-from attnbench.extrapolation.experiment.evaluations import EvalTask, eval_task_count
+from attnbench.extrapolation.experiment.evaluations import EvalTask, eval_task_count, evaluate_tasks
 from attnbench.extrapolation.experiment.plan import (
     Plan,
     RunInputs,
@@ -226,12 +225,15 @@ def _evaluate(tasks: list[EvalTask], inputs: RunInputs, layout: tuple[int, int],
     (all of them written already) and rewriting extrapolate.csv after each task. Ctrl-C raises
     :class:`Stopped`, saying how many finished rows the file keeps."""
     written = len(rows)
+
+    def take(task_rows: list[dict[str, Any]]) -> None:
+        nonlocal written
+        rows.extend(task_rows)
+        _write_rows(rows, opts)
+        written = len(rows)
+
     try:
-        for task_rows in evaluate_tasks(tasks, inputs.stream, inputs.split.train, layout,
-                                        opts.log):  # fmt: skip
-            rows += task_rows
-            _write_rows(rows, opts)
-            written = len(rows)
+        evaluate_tasks(tasks, inputs.stream, inputs.split.train, layout, opts.log, take)
     except KeyboardInterrupt:
         raise Stopped("during evaluation", _rows_kept(written, opts)) from None
 

@@ -1,6 +1,7 @@
-"""The run's trainings: one :class:`TrainJob` per (variant, seed), run here, in worker
-processes on a CPU (a process that dies takes down only its own training, which is retried once
-from its checkpoint), as Ray tasks (``--executor ray``) or data-parallel under torchrun; and the
+"""The run's trainings: one :class:`TrainJob` per (variant, seed), run here, as units of the
+runtime (:func:`attnbench.extrapolation.experiment.units.run_trainings`: worker processes on a
+CPU, where a process that dies takes down only its own training, which is retried once from its
+checkpoint; or Ray tasks with ``--executor ray``), or data-parallel under torchrun; and the
 training curves, gathered into ``<out>/curves.csv`` as the trainings finish.
 """
 
@@ -31,55 +32,38 @@ from attnbench.extrapolation.training import curves
 from attnbench.extrapolation.training.batches import HeldoutProbe
 from attnbench.extrapolation.training.checkpoints import check_key, load_checkpoint
 from attnbench.extrapolation.training.loop import train
-from attnbench.runtime import engines
-from attnbench.runtime.progress import LogLines, Progress
+from attnbench.runtime.execute import Executor, Work
+from attnbench.runtime.progress import LogLines, Progress, Silent
 
 
 def train_in_parallel(cfg, opts, plan, train_stream, device) -> set[Path]:
-    """The plan's unfinished trainings in ``workers`` processes at once, each with ``threads``
-    torch threads (CPU only; see RunConfig.parallel); returns the checkpoints they wrote (none
-    when one process at a time is the layout: the caller trains then). A failed training raises
-    here; the finished ones stay."""
-
+    """The plan's unfinished trainings as units of the runtime: as Ray tasks with ``--executor
+    ray`` (one GPU each, or ``--threads`` CPUs each, default 1), else ``workers`` processes at
+    once here, each with ``threads`` torch threads (CPU only; see RunConfig.parallel). Returns the
+    checkpoints they wrote (none when one process at a time is the layout: the caller trains
+    then). A training that fails twice raises here; the finished ones stay."""
     todo = [(v, seed, path, key, ckpt) for v, seed, path, key, ckpt in plan.entries
             if ckpt is None or not ckpt["done"]]  # fmt: skip
     if opts.executor == "ray":
-        # a task per training: one GPU each, or --threads CPUs each (default 1)
         threads = (cfg.run.threads or 1) if device.type == "cpu" else threads_per_process(cfg)
-        jobs = [TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
-                         opts.log_every, opts.tensorboard, plan.probe)
-                for v, seed, path, key, ckpt in todo]  # fmt: skip
-        return units.train_on_ray(jobs, train_stream, threads, device, opts.ray_address, opts.log)
-    workers, threads = parallel_layout(cfg, device, len(todo), opts)
-    if workers < 2:
-        return set()
-    names = ", ".join(f"{v.label} seed {seed}" for v, seed, *_ in todo)
-    opts.log(f"training {names}: {workers} at once, {threads} thread{'s' * (threads > 1)} each")
+        resources = {"num_gpus": 1, "num_cpus": 1} if device.type == "cuda" else {
+            "num_cpus": threads, "num_gpus": 0}  # fmt: skip
+        executor = Executor("ray", ray_address=opts.ray_address, resources=resources)
+    else:
+        workers, threads = parallel_layout(cfg, device, len(todo), opts)
+        if workers < 2:
+            return set()
+        names = ", ".join(f"{v.label} seed {seed}" for v, seed, *_ in todo)
+        opts.log(f"training {names}: {workers} at once, {threads} thread{'s' * (threads > 1)} "
+                 "each")  # fmt: skip
+        executor = Executor("local", at_once=workers)
     jobs = [TrainJob(cfg, v, seed, path, key, ckpt if opts.resume else None, str(device),
                      opts.log_every, opts.tensorboard, plan.probe)
             for v, seed, path, key, ckpt in todo]  # fmt: skip
-    started = time.time()
-    crashed = _train_in_pool(jobs, workers, threads, train_stream, opts.log, None)
-    if crashed:
-        names = ", ".join(f"{j.variant.label} seed {j.seed}" for j in crashed)
-        opts.log(f"{names}: a worker process died; retrying once in fresh processes, from the "
-                 "checkpoints this run wrote")  # fmt: skip
-        crashed = _train_in_pool(crashed, workers, threads, train_stream, opts.log, started)
-    if crashed:
-        names = ", ".join(f"{j.variant.label} seed {j.seed}" for j in crashed)
-        raise AttnbenchError(
-            f"the worker process training {names} died twice; the other trainings are saved: "
-            "run again with --resume"
-        )
-    return {job.path for job in jobs}
-
-
-def _train_in_pool(jobs, workers, threads, train_stream, log, retry_since) -> list[TrainJob]:
-    """Train ``jobs``, ``workers`` at once, each in its own spawned process; returns the jobs
-    whose process died (a crash takes down only its own training). Any other failure, or
-    Ctrl-C (the workers checkpoint and stop), raises here once the running ones have stopped."""
-    return units.train_in_processes(jobs, workers, _train_in_worker,
-                                    (train_stream, threads, retry_since), log)  # fmt: skip
+    if executor.kind == "ray":
+        opts.log(f"{len(jobs)} trainings as Ray tasks")
+    work = Work(_train, (train_stream, threads, time.time()), remote_fn=_train_remote)
+    return units.run_trainings(jobs, work, executor, opts.log)
 
 
 def train_only(cfg, opts, plan, train_stream, device, dist) -> None:
@@ -245,10 +229,22 @@ class TrainJob:
         )
 
 
-def _train_in_worker(job: TrainJob, train_stream: Tensor, threads: int,
-                     retry_since: float | None = None) -> str:  # fmt: skip
-    """A worker process's whole life: its thread count, then one training (a retry continues
-    from the checkpoint the crashed attempt left)."""
+def _train(job: TrainJob, attempt: int, train_stream: Tensor, threads: int,
+           started: float) -> str:  # fmt: skip
+    """A worker process's unit: its thread count, then one training; the retry of a crashed
+    attempt continues from the checkpoint that attempt wrote during this run (``started``)."""
     torch.set_num_threads(threads)
-    engines.inject_fault(job.unit_id, retry_since is None)
-    return job.after_crash(retry_since).run(train_stream, LogLines(lines=10))
+    since = None if attempt == 1 else started
+    return job.after_crash(since).run(train_stream, LogLines(lines=10))
+
+
+def _train_remote(job: TrainJob, attempt: int, train_stream: Tensor, threads: int,
+                  started: float):  # fmt: skip
+    """A Ray task's unit: one training (its checkpoints written as it goes, where the driver
+    said); returns the summary line and the finished checkpoint's and curve's bytes, which the
+    driver writes where they belong when its node does not see them (no shared file system)."""
+    torch.set_num_threads(threads)
+    since = None if attempt == 1 else started
+    line = job.after_crash(since).run(train_stream, Silent())
+    curve = curves.curve_path(job.path)
+    return line, job.path.read_bytes(), curve.read_bytes() if curve.exists() else None

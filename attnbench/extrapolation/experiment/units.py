@@ -4,31 +4,23 @@ variant by variant), each one its checkpoint; then one evaluation unit, which ne
 
 ``--shard I/N`` trains the trainings whose unit number is I mod N into a checkpoint folder every
 shard sees; the evaluation unit is ``--eval-only`` with the same options, once every shard is done.
-``--executor ray`` runs each training as a Ray task (:func:`train_on_ray`), then evaluates here.
+The trainings run as units of the runtime (:func:`run_trainings`: worker processes here, or a Ray
+task each with ``--executor ray``), then the evaluation here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import Tensor
-
 from attnbench.core.errors import AttnbenchError
-from attnbench.runtime.engines import (
-    check_fits,
-    died_reason,
-    inject_fault,
-    ray_session,
-)
+from attnbench.runtime.engines import died_reason
+from attnbench.runtime.execute import Executor, UnitEnd, Work, run_units
 from attnbench.runtime.outputs import write_bytes_once
-from attnbench.runtime.processes import consume, run_each_in_a_process
-from attnbench.runtime.ray_tasks import error_reason, tasks_with_one_retry
 from attnbench.runtime.units import Unit
 
 
@@ -69,58 +61,113 @@ def unit_list(entries: Sequence[tuple]) -> list[Unit]:
 
 
 # --------------------------------------------------------------------------------------------
-# Worker processes on this machine
+# The trainings as units of the runtime
 # --------------------------------------------------------------------------------------------
 
 
-def train_in_processes(jobs, workers: int, fn, args: tuple, log) -> list:
-    """``fn(job, *args)`` for every job, ``workers`` at once, each in its own spawned process (a
-    segfault or an exit fails only its own job); logs each result. Returns the jobs whose process
-    died. A job that raises makes this raise (the others are killed).
+def train_in_processes(jobs, workers: int, fn, args: tuple, log) -> set[Path]:
+    """``fn(job, attempt, *args)`` for every training job, ``workers`` at once, each in its own
+    spawned process on this machine (:func:`run_trainings`)."""
+    return run_trainings(jobs, Work(fn, args), Executor("local", at_once=workers), log)
+
+
+def run_trainings(jobs, work: Work, executor: Executor, log) -> set[Path]:
+    """The trainings ``jobs`` (each with ``variant``, ``seed`` and ``path``, its checkpoint) as
+    units of the runtime (:func:`attnbench.runtime.execute.run_units`), with ``work``'s function
+    and arguments, where ``executor`` says; returns the checkpoints written. A training whose
+    process dies, or that fails, is retried once in a fresh process (from the checkpoint it
+    wrote in this run); one that fails twice fails alone, reported once the others are done.
 
     Ctrl-C, or SIGTERM to this process alone, stops every running training as Ctrl-C stops one
-    run here, wherever it lands while they run (logging a result too: :func:`consume`): each
-    writes its checkpoint and stops; the others' are logged and the last one is raised
+    run here, wherever it lands while they run (logging a result too): each writes its
+    checkpoint and stops; the others' are logged and the last one is raised
     (:class:`~attnbench.extrapolation.training.loop.Interrupted`, as a training here raises it),
     else KeyboardInterrupt."""
     from attnbench.extrapolation.training.loop import Interrupted
 
-    died, interrupted = [], []
-    stopping = False  # a worker was stopped by the signal: the others are stopping too
-
-    def by_the_signal(outcome) -> bool:  # a worker's own Ctrl-C before its training began
-        return isinstance(outcome[1], (Interrupted, KeyboardInterrupt))
-
-    def record(end) -> None:
-        nonlocal stopping
-        job, (kind, value) = end
-        name = f"{job.variant.label} seed {job.seed}"
-        if kind == "ok":
-            log(value)
-        elif kind == "died":
-            log(f"{name}: {_died(value)}")
-            died.append(job)
-        elif isinstance(value, Interrupted):
-            interrupted.append((job, value))
-            stopping = True
-        elif isinstance(value, KeyboardInterrupt):
-            log(f"{name}: stopped before its first checkpoint")
-            stopping = True
-        elif stopping:  # raising now would kill the workers still saving
-            log(f"{name}: failed while the run stopped ({value})")
-        else:
-            raise value
-
+    trainings = _Trainings(jobs, executor.kind == "ray", log)
+    work = replace(work, stops=(Interrupted, KeyboardInterrupt), unit_id=_unit_id,
+                   died=_died)  # fmt: skip
     try:
-        consume(run_each_in_a_process(jobs, fn, args, at_once=workers, stopped=by_the_signal),
-                record)  # fmt: skip
+        run_units(jobs, work, executor, trainings.end, on_retry=trainings.retry, log=log)
     except KeyboardInterrupt:
-        if not interrupted:
-            raise
-        for job, e in interrupted[:-1]:
-            log(f"{job.variant.label} seed {job.seed}: {e}")
-        raise interrupted[-1][1] from None
-    return sorted(died, key=jobs.index)
+        trainings.stopped(executor.kind == "ray")
+    if trainings.failures:
+        raise AttnbenchError(
+            f"{'; '.join(trainings.failures)}; the other trainings are saved: run again with "
+            "--resume"
+        )
+    return trainings.written
+
+
+def _unit_id(job) -> str:
+    return job.unit_id
+
+
+def _died(exit_code: int | None) -> str:
+    return died_reason(exit_code, "training it")
+
+
+def _name(job) -> str:
+    return f"{job.variant.label} seed {job.seed}"
+
+
+class _Trainings:
+    """What the run makes of its trainings' ends: the checkpoints written (a Ray task's bytes
+    written here), a line each, the trainings stopped by Ctrl-C and those that failed twice."""
+
+    def __init__(self, jobs, remote: bool, log) -> None:
+        self.jobs, self.remote, self.log = jobs, remote, log
+        self.written: set[Path] = set()
+        self.interrupted: list = []  # (job, Interrupted)
+        self.failures: list[str] = []
+        self.stopping = False  # a training was stopped by Ctrl-C: the others are stopping too
+        self.started = time.time()
+
+    def retry(self, end: UnitEnd) -> None:
+        what = "a worker process died" if end.died else end.reason
+        self.log(f"{_name(end.job)}: {what}; retrying once in a fresh process, from the "
+                 "checkpoint this run wrote")  # fmt: skip
+
+    def end(self, end: UnitEnd) -> None:
+        from attnbench.extrapolation.training import curves
+
+        job, name = end.job, _name(end.job)
+        if end.stopped:
+            self.stopping = True
+            if isinstance(end.error, KeyboardInterrupt):
+                self.log(f"{name}: stopped before its first checkpoint")
+            else:
+                self.interrupted.append((job, end.error))
+        elif not end.ok:
+            if self.stopping:  # the run stops: it failed while stopping, nothing to retry
+                self.log(f"{name}: failed while the run stopped ({end.reason})")
+                return
+            self.failures.append(f"training {name} {'died' if end.died else 'failed'} twice "
+                                 f"({end.reason})")  # fmt: skip
+            self.log(f"{end.tally()} {name}: FAILED twice")
+        elif self.remote:  # writing a checkpoint here: Ctrl-C still stops the tasks gently
+            line, ckpt_bytes, curve_bytes = end.result
+            write_bytes_once(job.path, ckpt_bytes)
+            write_bytes_once(curves.curve_path(job.path), curve_bytes)
+            self.written.add(job.path)
+            self.log(f"{end.tally()} {line}")
+        else:
+            self.written.add(job.path)
+            self.log(end.result)
+
+    def stopped(self, remote: bool) -> None:
+        """After Ctrl-C: the trainings stopped with a checkpoint are logged, the last one
+        raised (a Ray task's, found by the checkpoint it wrote during this run)."""
+        stopped = self.interrupted
+        if not stopped and remote:
+            stopped = _stopped_trainings([j for j in self.jobs if j.path not in self.written],
+                                         self.started)  # fmt: skip
+        if not stopped:
+            raise KeyboardInterrupt
+        for job, e in stopped[:-1]:
+            self.log(f"{_name(job)}: {e}")
+        raise stopped[-1][1] from None
 
 
 def _stopped_trainings(jobs, since: float) -> list:
@@ -137,92 +184,3 @@ def _stopped_trainings(jobs, since: float) -> list:
                 step = load_checkpoint(job.path)["step"]
                 found.append((job, Interrupted(job.path, step, job.cfg.train.steps)))
     return found
-
-
-def _died(exit_code: int | None) -> str:
-    return died_reason(exit_code, "training it")
-
-
-# --------------------------------------------------------------------------------------------
-# Ray
-# --------------------------------------------------------------------------------------------
-
-
-def _train_task(job, train_stream: Tensor, threads: int, retry_since: float | None):
-    """A Ray task: one training (its checkpoints written as it goes, where the driver said);
-    returns the summary line and the finished checkpoint's and curve's bytes, which the driver
-    writes where they belong when its node does not see them (no shared file system).
-
-    ``retry_since``: this is the retry of a training whose process died; continue from the
-    checkpoint it left if that was written during this run (never from an older file)."""
-    from attnbench.extrapolation.training import curves
-    from attnbench.runtime.progress import Silent
-
-    torch.set_num_threads(threads)
-    inject_fault(job.unit_id, retry_since is None)
-    line = job.after_crash(retry_since).run(train_stream, Silent())
-    curve = curves.curve_path(job.path)
-    return line, job.path.read_bytes(), curve.read_bytes() if curve.exists() else None
-
-
-def train_on_ray(jobs, train_stream: Tensor, threads: int, device: torch.device,
-                 address: str | None, log: Callable[[str], None]) -> set[Path]:  # fmt: skip
-    """Each training a Ray task (one GPU each on a GPU; ``threads`` CPUs each on a CPU). A task
-    whose process dies is retried once in a fresh process, from its last checkpoint; a training
-    that fails twice fails alone, and is reported once the others are done."""
-    with ray_session(address, log) as ray:
-        log(f"{len(jobs)} trainings as Ray tasks")
-        return _train_tasks(ray, jobs, train_stream, threads, device, log)
-
-
-def _train_tasks(ray, jobs, train_stream, threads, device, log) -> set[Path]:
-    from attnbench.extrapolation.training import curves
-
-    if device.type == "cuda":
-        resources = {"num_gpus": 1, "num_cpus": 1}
-    else:
-        resources = {"num_cpus": threads, "num_gpus": 0}
-    check_fits(ray, resources)
-    stream = ray.put(train_stream)
-    started = time.time()
-    ends = tasks_with_one_retry(
-        ray,
-        _train_task,
-        jobs,
-        lambda job, attempt: (job, stream, threads, None if attempt == 1 else started),
-        resources,
-        on_retry=lambda job, why: log(
-            f"{job.variant.label} seed {job.seed}: {why}; retrying once in a fresh process"
-        ),
-    )
-    failed, written = [], set()
-
-    def record(end) -> None:  # writing a checkpoint here: Ctrl-C still stops the tasks gently
-        job = end.job
-        name = f"{job.variant.label} seed {job.seed}"
-        if end.error is not None:
-            failed.append(f"{name} ({error_reason(end.error)})")
-            line = f"{name}: FAILED twice"
-        else:
-            line, ckpt_bytes, curve_bytes = end.result
-            write_bytes_once(job.path, ckpt_bytes)
-            write_bytes_once(curves.curve_path(job.path), curve_bytes)
-            written.add(job.path)
-        log(f"[{len(written)} done, {end.pending} running, {len(failed)} failed of {len(jobs)}] "
-            f"{line}")  # fmt: skip
-
-    try:
-        consume(ends, record)
-    except KeyboardInterrupt:
-        stopped = _stopped_trainings([j for j in jobs if j.path not in written], started)
-        if not stopped:
-            raise
-        for job, e in stopped[:-1]:
-            log(f"{job.variant.label} seed {job.seed}: {e}")
-        raise stopped[-1][1] from None
-    if failed:
-        raise AttnbenchError(
-            f"{len(failed)} of {len(jobs)} trainings failed twice: {'; '.join(failed)}; the "
-            "others are saved: run again with --resume"
-        )
-    return written
