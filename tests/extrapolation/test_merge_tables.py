@@ -1,17 +1,35 @@
-"""scripts/join_tables.py: rows of two runs in one table, a contrast across runs paired by seed
-(checked against the differences computed here by hand), and a clear stop on a missing row."""
+"""``attnbench merge LABEL=RUN ...``: rows of extrapolation runs in one table, a contrast across
+runs paired by seed (checked against the differences computed here by hand), and a one-line stop
+on a missing row, on speed folders mixed in, and on a contrast not written A - B."""
 
 from __future__ import annotations
 
 import csv
+import re
 import statistics
 from pathlib import Path
 
-import pytest
+from typer.testing import CliRunner
 
-from scripts import join_tables
+from attnbench.cli import app
 
 COLUMNS = ["variant", "kind", "seed", "eval_len", "accuracy", "status"]
+runner = CliRunner()
+
+
+def merge(*args: str) -> str:
+    """``attnbench merge ARGS``; what it printed on stdout."""
+    result = runner.invoke(app, ["merge", *args])
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def refused(*args: str, match: str) -> None:
+    """``attnbench merge ARGS`` exits 2 with one line that matches ``match``."""
+    result = runner.invoke(app, ["merge", *args])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1, result.output
+    assert re.search(match, lines[0]), lines[0]
 
 
 def write_run(path: Path, rows: list[tuple]) -> str:
@@ -37,8 +55,8 @@ def test_a_contrast_across_runs_is_paired_by_seed(tmp_path):
     b = write_run(tmp_path / "b.csv", [(*r[:4], r[4] + (0.5 * r[2] if r[0] == "O" else 0), r[5])
                                        for r in run_rows(1.0)])  # fmt: skip
     out = tmp_path / "joined.md"
-    args = ["--run", f"L=64={a}", "--run", f"vary={b}", "--seeds", "0,1,2", "--rows", "O"]
-    join_tables.main([*args, "--contrast", "O [vary]", "O [L=64]", "--out", str(out)])
+    args = [f"L=64={a}", f"vary={b}", "--seeds", "0,1,2", "--rows", "O"]
+    merge(*args, "--contrast", "O [vary] - O [L=64]", "--out", str(out))
     text = out.read_text()
     assert "| O [L=64] | trained |" in text and "| O [vary] | trained |" in text
     assert "count-baseline" not in text and "Su 2021" not in text and "| E " not in text
@@ -50,9 +68,16 @@ def test_a_contrast_across_runs_is_paired_by_seed(tmp_path):
 
 def test_a_missing_row_stops_with_its_name(tmp_path):
     a = write_run(tmp_path / "a.csv", run_rows(0.0))
-    with pytest.raises(SystemExit, match=r"no rows \['O\+logn'\]"):
-        join_tables.main(["--run", f"x={a}", "--seeds", "0", "--rows", "O,O+logn",
-                          "--out", str(tmp_path / "o.md")])  # fmt: skip
+    refused(
+        f"x={a}",
+        "--seeds",
+        "0",
+        "--rows",
+        "O,O+logn",
+        "--out",
+        str(tmp_path / "o.md"),
+        match=r"no rows \['O\+logn'\]",
+    )
 
 
 CELL_COLUMNS = ["variant", "kind", "seed", "train_len", "eval_len", "distance", "copy_length",
@@ -83,9 +108,19 @@ def test_runs_of_one_label_pool_their_seeds_and_the_long_range_span_pools_beyond
         parts.append(write_run(folder / "extrapolate.csv", rows))
         write_cells(folder, seeds, bonus=5)
     out = tmp_path / "joined.md"
-    join_tables.main(["--run", f"c={parts[0]}", "--run", f"c={parts[1]}", "--seeds", "0,1,2",
-                      "--rows", "O,O+w", "--contrast", "O+w [c]", "O [c]", "--long-range",
-                      "--out", str(out)])  # fmt: skip
+    merge(
+        f"c={parts[0]}",
+        f"c={parts[1]}",
+        "--seeds",
+        "0,1,2",
+        "--rows",
+        "O,O+w",
+        "--contrast",
+        "O+w [c] - O [c]",
+        "--long-range",
+        "--out",
+        str(out),
+    )
     text = out.read_text()
     standard, beyond = text.split("Long-range span")
     diffs = [70.0 + s - (60.0 + s + 1) for s in (0, 1, 2)]  # at n = 64: 9.0 on every seed
@@ -100,9 +135,17 @@ def test_runs_of_one_label_pool_their_seeds_and_the_long_range_span_pools_beyond
 
 def test_a_seed_in_two_runs_of_one_label_stops(tmp_path):
     a = write_run(tmp_path / "a.csv", run_rows(0.0))
-    with pytest.raises(SystemExit, match=r"O \[x\] seed 0 at n = 64 is in two runs"):
-        join_tables.main(["--run", f"x={a}", "--run", f"x={a}", "--seeds", "0,1", "--rows", "O",
-                          "--out", str(tmp_path / "o.md")])  # fmt: skip
+    refused(
+        f"x={a}",
+        f"x={a}",
+        "--seeds",
+        "0,1",
+        "--rows",
+        "O",
+        "--out",
+        str(tmp_path / "o.md"),
+        match=r"O \[x\] seed 0 at n = 64 is in two runs",
+    )
 
 
 def test_rows_of_one_label_may_come_from_different_runs(tmp_path):
@@ -110,8 +153,18 @@ def test_rows_of_one_label_may_come_from_different_runs(tmp_path):
     a = write_run(tmp_path / "a.csv", [r for r in run_rows(0.0) if r[0] != "E"])
     b = write_run(tmp_path / "b.csv", [r for r in run_rows(0.0) if r[0] != "O"])
     out = tmp_path / "joined.md"
-    join_tables.main(["--run", f"t={a}", "--run", f"t={b}", "--seeds", "0,1,2", "--rows", "O,E",
-                      "--contrast", "E [t]", "O [t]", "--out", str(out)])  # fmt: skip
+    merge(
+        f"t={a}",
+        f"t={b}",
+        "--seeds",
+        "0,1,2",
+        "--rows",
+        "O,E",
+        "--contrast",
+        "E [t] - O [t]",
+        "--out",
+        str(out),
+    )
     row = next(line for line in out.read_text().splitlines() if line.startswith("| (E [t])"))
     assert "+0.0 [" in row and "-1.0 [" in row  # E − O = 61 − (60 + n/64) at n = 64, 128
 
@@ -120,6 +173,36 @@ def test_a_seed_without_every_row_stops(tmp_path):
     """Seed 2 has O but not E (its evaluation was cut short): stop, not a table whose means
     hold seed 2 and whose contrast leaves it out."""
     a = write_run(tmp_path / "a.csv", [r for r in run_rows(0.0) if r[0] != "E" or r[2] != 2])
-    with pytest.raises(SystemExit, match=r"seed 2 has no rows \['E'\]"):
-        join_tables.main(["--run", f"t={a}", "--seeds", "0,1,2", "--rows", "O,E",
-                          "--out", str(tmp_path / "o.md")])  # fmt: skip
+    refused(
+        f"t={a}",
+        "--seeds",
+        "0,1,2",
+        "--rows",
+        "O,E",
+        "--out",
+        str(tmp_path / "o.md"),
+        match=r"seed 2 has no rows \['E'\]",
+    )
+
+
+def test_a_folder_stands_for_its_table_and_bad_arguments_are_one_line(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_run(folder / "extrapolate.csv", run_rows(0.0))
+    text = merge(f"r={folder}", "--seeds", "0,1", "--rows", "O,E", "--out", str(tmp_path / "j.md"))
+    assert "| O [r] | trained |" in text and (tmp_path / "j.md").read_text() == text
+    assert text.startswith("Made by: `")
+    (tmp_path / "speed").mkdir()
+    common = ["--seeds", "0", "--rows", "O", "--out", str(tmp_path / "x.md")]
+    refused(f"r={folder}", str(tmp_path / "speed"), *common, match="merge one kind")
+    refused(f"r={folder}", *common, "--contrast", "O [r]", match="accepted: 'A - B'")
+    refused(f"r={folder}", "--out", str(tmp_path / "x.md"), match="needs --rows")
+    refused(f"r={tmp_path / 'nothing'}", *common, match="no extrapolate.csv there")
+    refused(
+        str(tmp_path / "speed"),
+        "--rows",
+        "O",
+        "--out",
+        str(tmp_path / "m"),
+        match="join extrapolation runs",
+    )
