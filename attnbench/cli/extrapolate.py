@@ -10,6 +10,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attnbench.cli.common import Choice, err, fail, out, parse_params
+from attnbench.cli.extrapolate_sweep import (
+    SweepCostOption,
+    SweepOnlyOption,
+    SweepOption,
+    run_sweep,
+)
 from attnbench.core.errors import AttnbenchError
 from attnbench.runtime.interrupts import Stopped
 
@@ -228,6 +234,9 @@ def extrapolate(
     ray_address: RayAddressOption = None,
     shard: ShardOption = None,
     list_units: ListUnitsOption = False,
+    sweep: SweepOption = None,
+    sweep_only: SweepOnlyOption = None,
+    sweep_cost: SweepCostOption = None,
 ) -> None:
     """Train a byte-level MLM encoder at one length and measure accuracy at longer ones.
 
@@ -239,10 +248,15 @@ def extrapolate(
 
     Several GPUs: torchrun --nproc_per_node G -m attnbench run extrapolate --train-only ...
 
+    A sweep of configurations: --sweep NAME (each candidate's run, then a table).
+
     Example: [bold]attnbench run extrapolate --seeds 3 --impl local --out results/x[/bold]
     """
-    from attnbench.extrapolation.experiment.run import run_extrapolate
-    from attnbench.extrapolation.training.loop import Interrupted
+    if sweep is not None:
+        run_sweep(ctx.params)
+        return
+    if sweep_only is not None or sweep_cost is not None:
+        raise fail("--sweep-only and --sweep-cost go with --sweep NAME")
 
     if tensorboard is not None:
         from attnbench.extrapolation.training.curves import require_tensorboard
@@ -255,14 +269,23 @@ def extrapolate(
     opts = _run_options(cfg, ctx.params)
     if list_units:
         _print_units(cfg, opts)
-        return
+    else:
+        _run(cfg, opts)
+
+
+def _run(cfg: ExtrapConfig, opts: RunOptions) -> None:
+    """The run, its table printed (none after --train-only: its last line said where the
+    checkpoints are); Ctrl-C during a training said as every interrupt is."""
+    from attnbench.extrapolation.experiment.run import run_extrapolate
+    from attnbench.extrapolation.training.loop import Interrupted
+
     try:
         result = run_extrapolate(cfg, opts)
     except Interrupted as e:  # said as every interrupt is (Group)
         raise Stopped(
             f"at step {e.step}/{e.total}", f"checkpoint {e.path}; continue with --resume"
         ) from None
-    if opts.train_only:  # no table: the run's last line said where the checkpoints are
+    if opts.train_only:
         return
     out.print(result.table, markup=False, highlight=False)
     err.print(f"wrote {result.out}", markup=False, highlight=False)
