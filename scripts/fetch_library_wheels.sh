@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The wheels of the library-backed paths' packages (attnbench/libraries), for a GPU machine with
 # no network: fetched here into .whl/ (ignored by git, small enough to travel with the checkout),
-# installed there offline by scripts/gpu_session.sh (or by hand:
-#   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
+# installed there offline before `attnbench gpu-check`:
+#   python3 -m pip install -q --no-index --no-deps .whl/*.whl
+# (or, where the environment is read-only, with --target /tmp/site and
 #   export PYTHONPATH=/tmp/site:$PYTHONPATH).
 # PYTHON_VERSION: the GPU machine's Python (default 3.12). --no-deps with each dependency named,
 # so nothing pulls torch. All are pure Python but xformers (3 MB, compiled for torch >= 2.10 and

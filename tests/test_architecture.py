@@ -1,8 +1,8 @@
 """The package's shape: its parts form layers, each importing only its own part and the layers
 below it, and there is no import cycle.
 
-    launch -> cli -> costreport -> bench | extrapolation -> api | layers | render -> registry
-        -> variants -> kernels | libraries -> measure | runtime -> core
+    launch -> cli -> costreport -> bench | extrapolation | gpucheck -> api | layers | render
+        -> registry -> variants -> kernels | libraries -> measure | runtime -> core
 
 Parts on one layer do not import each other (the two experiments share only what is below them).
 Inside the extrapolation experiment the stages are layered the same way:
@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("variants",),  # every mechanism's paths and record
     ("registry",),  # what exists
     ("api", "layers", "render"),  # the public surface; drawing patterns
-    ("bench", "extrapolation"),  # the two experiments
+    ("bench", "extrapolation", "gpucheck"),  # the two experiments; the GPU machine's check
     ("costreport",),  # the one place that joins them: accuracy against cost
     ("cli",),  # the command line
 )
@@ -191,20 +191,7 @@ SIZE_EXEMPT: dict[str, str] = {
     "attnbench/kernels/triton_retention.py": TRITON,
 }
 #: What ``scripts/`` may hold: what orchestrates a machine (SLURM jobs, library wheels).
-SCRIPTS_ALLOWED = (
-    "scripts/slurm/*",
-    "scripts/fetch_library_wheels.sh",
-    # removed by issue 55/60 branches (GPU suite; revision runner, peer tables, docs hooks):
-    "scripts/__init__.py",
-    "scripts/before_after.py",
-    "scripts/compare_aa.py",
-    "scripts/gpu_check.py",
-    "scripts/gpu_session.sh",
-    "scripts/mkdocs_hooks.py",
-    "scripts/peer_table.py",
-    "scripts/regression_demo.py",
-    "scripts/scrub_paths.py",
-)
+SCRIPTS_ALLOWED = ("scripts/slurm/*", "scripts/fetch_library_wheels.sh")
 
 
 def source_files() -> list[Path]:

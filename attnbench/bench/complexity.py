@@ -34,6 +34,7 @@ SERIES: tuple[str, ...] = (
     "head_dim",
     "causal",
     "direction",
+    "query_len",  # decoding: time against the cache length n, per number of new queries
 )
 
 COLUMNS: tuple[str, ...] = (
@@ -93,8 +94,13 @@ def time_verdict(exponent: float, r2: float, points: int, noisy_share: float) ->
 
 
 def fit_exponents(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per series with at least one ok measurement; exponents NaN below two lengths."""
+    """One row per series with at least one ok measurement; exponents NaN below two lengths.
+    Packed batches have no n axis (one token budget) and are left out."""
     ok = rows[rows["status"] == "ok"]
+    if "packing" in ok:  # empty: None in a run's rows, "" in a CSV read back
+        ok = ok[ok["packing"].fillna("") == ""]
+    if "query_len" not in ok:  # an older file's rows
+        ok = ok.assign(query_len=None)
     out = []
     for key, g in ok.groupby(list(SERIES), sort=False, dropna=False):
         g = g.sort_values("seq_len")

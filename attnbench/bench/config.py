@@ -19,9 +19,12 @@ import torch
 
 from attnbench import registry
 from attnbench.bench.suite_keys import DEVICES, DIRECTIONS, DTYPES, MAX_LENGTH, SuiteFile
+from attnbench.core.decode import no_decode_form
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.spec import PATH_KINDS, Mechanism, PathSpec
+from attnbench.core.varlen import parse_varlen
 from attnbench.measure import machine
+from attnbench.measure.gpu_timing import gpu_only_options
 from attnbench.measure.timing import TimingPolicy
 from attnbench.runtime.schema import read_section
 from attnbench.runtime.tomlconfig import Setting, SuiteText, find_suite, load
@@ -49,12 +52,21 @@ class SpeedSuite:
     heads: int = 4
     hidden: int = 0
     head_dims: tuple[int, ...] = (64,)
+    #: Decoding: new queries per call against a cache of each length (empty: self-attention).
+    query_lengths: tuple[int, ...] = ()
+    #: K/V heads for the mechanisms with a ``kv_heads`` parameter, one case each (empty: theirs).
+    kv_heads: tuple[int, ...] = ()
+    #: A packed batch's lengths (None: none), and the suite's text that gave them.
+    varlen: tuple[int, ...] | None = None
+    varlen_text: str = ""
     max_len: Mapping[str, int] = field(default_factory=dict)
     max_call_s: float = 0.0
     threads: int = 0
+    max_threads: int = 0  # caps threads = 0's one per logical core (0: no cap)
     timing: TimingPolicy = TimingPolicy()
     matmul_size: int = 2048
     matmul_max_s: float = 1.0  # the matmul is sized down until a call takes at most this long
+    copy_mib: int = 256  # decoding's memory roofline: a copy of this many MiB
     #: Parameter overrides per mechanism name, as given (values or text; resolved per mechanism).
     params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: Overrides from --param NAME=VALUE, applied to every selected mechanism that has NAME.
@@ -68,13 +80,21 @@ class SpeedSuite:
         return [DTYPES[d] for d in self.dtypes]
 
     def thread_count(self) -> int:
-        return self.threads or os.cpu_count() or 1
+        if self.threads:
+            return self.threads
+        cores = os.cpu_count() or 1
+        return min(cores, self.max_threads) if self.max_threads else cores
 
     def batch_for(self, n: int) -> int:
         return max(1, self.tokens // n) if self.tokens else self.batch
 
     def heads_for(self, head_dim: int) -> int:
         return self.hidden // head_dim if self.hidden else self.heads
+
+    @property
+    def decoding(self) -> bool:
+        """Whether the suite times decode forms (``shape.query_lengths``) instead of paths."""
+        return bool(self.query_lengths)
 
     def settings(self) -> dict[str, Any]:
         """Everything that decides the measurements, for the sidecar."""
@@ -98,11 +118,20 @@ class SpeedSuite:
                 "heads": self.heads,
                 "hidden": self.hidden,
                 "head_dims": list(self.head_dims),
+                "query_lengths": list(self.query_lengths),
+                "kv_heads": list(self.kv_heads),
+                "varlen": list(self.varlen) if self.varlen else None,
+                "varlen_text": self.varlen_text,
             },
             "limits": {"max_len": dict(self.max_len), "max_call_s": self.max_call_s},
-            "timing": {**vars(self.timing), "threads": self.threads},
+            "timing": {
+                **vars(self.timing),
+                "threads": self.threads,
+                "max_threads": self.max_threads,
+            },  # fmt: skip
             "matmul_size": self.matmul_size,
             "matmul_max_s": self.matmul_max_s,
+            "copy_mib": self.copy_mib,
             "params": {k: dict(v) for k, v in self.params.items()},
             "common_params": dict(self.common_params),
         }
@@ -165,9 +194,14 @@ def parse_suite(text: SuiteText, mechanisms: Sequence[Mechanism] | None = None) 
         heads=shape.heads,
         hidden=shape.hidden,
         head_dims=shape.head_dims,
+        query_lengths=tuple(sorted(set(shape.query_lengths))),
+        kv_heads=tuple(dict.fromkeys(shape.kv_heads)),
+        varlen=parse_varlen(shape.varlen),
+        varlen_text=_varlen_text(shape.varlen),
         max_len=dict(limits.max_len),
         max_call_s=limits.max_call_s,
         threads=timing.threads,
+        max_threads=timing.max_threads,
         timing=TimingPolicy(
             warmup_calls=timing.warmup_calls,
             warmup_s=timing.warmup_s,
@@ -178,13 +212,23 @@ def parse_suite(text: SuiteText, mechanisms: Sequence[Mechanism] | None = None) 
             clock=timing.clock,
             retain_memory=timing.retain_memory,
             order=timing.order,
+            l2=timing.l2,
+            graph=timing.graph,
         ),
         matmul_size=timing.matmul_size,
         matmul_max_s=timing.matmul_max_s,
+        copy_mib=timing.copy_mib,
         params={k: dict(v) for k, v in file.params.items()},
     )
     _check_names(text, suite, mechs)
     return suite
+
+
+def _varlen_text(value: Any) -> str:
+    """The suite's ``varlen`` as written (a list as ``L1,L2,...``), for the sidecar."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value or "")
 
 
 def _check_params(text: SuiteText, params: Mapping[str, Any], mechs: Sequence[Mechanism]) -> None:
@@ -203,12 +247,12 @@ def _check_names(text: SuiteText, suite: SpeedSuite, mechs: Sequence[Mechanism])
             if item == "*":
                 continue
             try:
-                registry.resolve(item, mechs)
+                resolve_item(suite, item, mechs, role="exclude" if key == "exclude" else "run")
             except AttnbenchError as e:
                 raise text.error(("grid", key), f"[grid] {key}: {e}") from None
     if suite.reference:
         try:
-            registry.resolve(suite.reference, mechs)
+            resolve_item(suite, suite.reference, mechs, role="reference")
         except AttnbenchError as e:
             raise text.error(("grid", "reference"), f"[grid] reference: {e}") from None
 
@@ -256,7 +300,7 @@ def override(
     changes: dict[str, Any] = {}
     if impls:
         for item in impls:
-            registry.resolve(item, mechs)
+            resolve_item(suite, item, mechs)
         changes["mechanisms"] = tuple(dict.fromkeys(impls))
         changes["exclude"] = ()
     if lengths is not None:
@@ -290,16 +334,20 @@ def override(
     if reference is not None:
         ref = "" if reference.lower() == "none" else reference
         if ref:
-            registry.resolve(ref, mechs)
+            resolve_item(suite, ref, mechs, role="reference")
         changes["reference"] = ref
     if params:
         changes["common_params"] = dict(params)
     out = replace(suite, **changes)
-    if resolve_device(out.device).type == "cuda" and out.timing.clock == "cpu":
+    device = resolve_device(out.device)
+    if device.type == "cuda" and out.timing.clock == "cpu":
         raise AttnbenchError(
             "[timing] clock = 'cpu' measures CPU time, which means nothing for CUDA work; "
             "accepted with a GPU: clock = 'wall'"
         )
+    refused = gpu_only_options(out.timing, device)
+    if refused:
+        raise AttnbenchError(refused)
     selected = select(out, mechs)
     for key in out.common_params:
         if not any(key in m.param_names for m, _ in selected):
@@ -330,7 +378,12 @@ def select(
 
     def add(mech: Mechanism, path: PathSpec | None) -> None:
         kinds = suite.path_kinds
-        paths = [path] if path is not None else [p for p in mech.paths if p.kind in kinds]
+        if path is not None:
+            paths = [path]
+        elif suite.decoding:  # every decode form, or the row that says why there is none
+            paths = list(mech.decode) or [no_decode_form(mech.no_decode)]
+        else:
+            paths = [p for p in mech.paths if p.kind in kinds]
         for p in paths:
             chosen.setdefault((mech.name, p.name), (mech, p))
 
@@ -339,16 +392,46 @@ def select(
             for mech in mechs:
                 add(mech, None)
         else:
-            add(*registry.resolve(item, mechs))
+            add(*resolve_item(suite, item, mechs))
     for item in suite.exclude:
-        mech, path = registry.resolve(item, mechs)
+        mech, path = resolve_item(suite, item, mechs, role="exclude")
         for key in [k for k in chosen if k[0] == mech.name and (path is None or k[1] == path.name)]:
             del chosen[key]
     if suite.reference:
-        mech, path = registry.resolve(suite.reference, mechs)
-        path = path or mech.default_path
+        mech, path = resolve_item(suite, suite.reference, mechs, role="reference")
+        path = path or _default(suite, mech)
         chosen.setdefault((mech.name, path.name), (mech, path))
     return list(chosen.values())
+
+
+def resolve_item(
+    suite: SpeedSuite, text: str, mechanisms: Sequence[Mechanism], *, role: str = "run"
+) -> tuple[Mechanism, PathSpec | None]:
+    """``NAME`` or ``NAME:PATH`` as the suite means it: a decode form when the suite decodes
+    (``shape.query_lengths``), else a path. ``role``: how a decoding suite reads one of the
+    mechanism's paths (a file written for the prefill shape, decoded with ``--set``): as the
+    reference (``reference``), the mechanism's first decode form; as an exclusion
+    (``exclude``), nothing (returned as the mechanism and its path, which no decode case has);
+    a path asked to run is an error naming the decode forms."""
+    if not suite.decoding:
+        return registry.resolve(text, mechanisms)
+    name, _, path = (part.strip() for part in text.partition(":"))
+    mech, _ = registry.resolve(name, mechanisms)
+    if path and role != "run" and path in mech.path_names and path not in _decode_names(mech):
+        return mech, (None if role == "reference" else mech.path(path))
+    return mech, (mech.decode_path(path) if path else None)
+
+
+def _decode_names(mech: Mechanism) -> list[str]:
+    return [p.name for p in mech.decode]
+
+
+def _default(suite: SpeedSuite, mech: Mechanism) -> PathSpec:
+    """The path a suite's reference means when it names none: the mechanism's default path, or
+    when decoding its first decode form."""
+    if suite.decoding:
+        return mech.decode[0] if mech.decode else no_decode_form(mech.no_decode)
+    return mech.default_path
 
 
 def reference_pair(
@@ -357,8 +440,9 @@ def reference_pair(
     """(mechanism name, path name) of the suite's reference, or None."""
     if not suite.reference:
         return None
-    mech, path = registry.resolve(suite.reference, list(mechanisms or registry.MECHANISMS))
-    return mech.name, (path or mech.default_path).name
+    mechs = list(mechanisms or registry.MECHANISMS)
+    mech, path = resolve_item(suite, suite.reference, mechs, role="reference")
+    return mech.name, (path or _default(suite, mech)).name
 
 
 def params_for(suite: SpeedSuite, mech: Mechanism) -> dict[str, Any]:

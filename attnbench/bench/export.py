@@ -189,7 +189,16 @@ def case_shape(row: Row) -> str:
     parts.append(f"D={dim}")
     if value_dim and value_dim != dim:
         parts.append(f"Dv={value_dim}")
-    return " ".join(parts)
+    return " ".join(parts) + inference_tag(row)
+
+
+def inference_tag(row: Row) -> str:
+    """`` q=1`` for a decode case, `` lengths=700+300 packed`` for a packed batch; "" else."""
+    query_len, varlen = _int_text(row, "query_len"), plain(row.get("varlen"))
+    tag = f" q={query_len}" if query_len else ""
+    if varlen:
+        tag += f" lengths={varlen} {plain(row.get('packing')) or ''}".rstrip()
+    return tag
 
 
 def benchmark_name(row: Row) -> str:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from attnbench import api
 from attnbench.bench.plan import Case
 from attnbench.core.inputs import make_inputs
+from attnbench.measure.gpu_timing import capture
 from attnbench.measure.memory import PeakMemory, peak_memory
 from attnbench.measure.timing import Clock, TimingPolicy, WarmUp, block_calls, warm_up
 
@@ -27,6 +29,10 @@ class Member:
     mem_fwd: PeakMemory | None = None  # fwdbwd members only, when the run has no fwd direction
     block: int = 1
     samples: list[float] = field(default_factory=list)
+    graph: bool = False  # timed as replays of a CUDA graph ([timing] graph = true)
+    graph_reason: str = ""  # why not, when asked
+    #: Columns of its row known from the set-up (a decode case's state bytes).
+    values: dict[str, Any] = field(default_factory=dict)
 
 
 def set_up(
@@ -76,7 +82,20 @@ def set_up(
     if backward and need_fwd_memory:
         member.mem_fwd = peak_memory(forward, case.device, compiled=compiled)
     member.block = block_calls(warm.per_call_s, timing)
+    if timing.graph and case.device.type == "cuda":
+        use_graph(member, clock, timing)
     return member
+
+
+def use_graph(member: Member, clock: Clock, timing: TimingPolicy) -> None:
+    """Time the member as replays of a CUDA graph of its call (after its warm-up and memory
+    pass), or, when the call cannot be captured, as before with the reason kept for its row."""
+    replay, why = capture(member.call, member.case.device)
+    member.graph_reason = why
+    if why:
+        return
+    member.call, member.graph = replay, True
+    member.block = block_calls(warm_up(replay, clock, timing).per_call_s, timing)
 
 
 def shared_inputs(

@@ -54,12 +54,19 @@ class Metric:
     name: str  # time | memory
     ylabel: str
     title: str
+    xlabel: str = "sequence length n"
+    #: Time per new token (decoding): the time per call over the call's new queries.
+    per_token: bool = False
+    #: The slope of the dashed guide through the reference's first point (n^2; decoding: n).
+    guide_power: int = 2
 
     def values(self, s: Series) -> pd.Series:
         """The series' y at each of its lengths, NaN where it did not run (the line breaks)."""
         rows = s.rows
         if self.name == "time":
             y = rows["time_median_ms"].astype(float)
+            if self.per_token:
+                y = y / rows["query_len"].astype(float)
         else:
             direction = rows["direction"].iloc[0]
             y = rows[memory_column(direction)].astype(float) / MiB
@@ -73,20 +80,27 @@ METRICS = {
 }
 
 
-def family_figure(df: pd.DataFrame, metric: Metric, colors: dict[str, tuple]) -> Figure:
-    """One figure: a panel per family of ``df`` (one setting), in family order."""
+def family_figure(
+    df: pd.DataFrame,
+    metric: Metric,
+    colors: dict[str, tuple],
+    reference_impl: tuple[str, str] = REFERENCE,
+) -> Figure:
+    """One figure: a panel per family of ``df`` (one setting), in family order, with the
+    ``reference_impl`` series (dense SDPA by default) in every panel."""
     families = family_order(df)
     series = series_in(df)
-    reference = next((s for s in series if s.is_reference and s.ran), None)
+    is_ref = lambda s: (s.mechanism, s.path) == reference_impl  # noqa: E731
+    reference = next((s for s in series if is_ref(s) and s.ran), None)
     fig, axes = _grid(len(families))
     markers = variant_markers(series)
     for ax, family in zip(axes, families, strict=False):
-        members = [s for s in series if s.family == family and not s.is_reference]
+        members = [s for s in series if s.family == family and not is_ref(s)]
         _panel(ax, family, members, reference, metric, colors, markers)
     for ax in axes[len(families) :]:
         ax.set_visible(False)
-    _finish_axes(axes[: len(families)], df, metric)
-    _figure_key(fig, series, metric, with_reference=reference is not None)
+    _finish_axes(axes[: len(families)], df, metric, reference_impl)
+    _figure_key(fig, series, metric, reference_impl if reference is not None else None)
     first = df.iloc[0]
     causal = "causal" if bool(first["causal"]) else "bidirectional"
     fig.suptitle(
@@ -219,9 +233,12 @@ def _draw_reference(ax, reference: Series, metric: Metric, stops: Counter) -> No
     )
 
 
-def n2_guide(df: pd.DataFrame, metric: Metric) -> tuple[np.ndarray, np.ndarray] | None:
+def n2_guide(
+    df: pd.DataFrame, metric: Metric, reference_impl: tuple[str, str] = REFERENCE
+) -> tuple[np.ndarray, np.ndarray] | None:
     """The dashed n² line: for memory, the bytes of one dense n x n score matrix per head
-    (B * H * n² * itemsize); for time, n² through dense SDPA's time at the shortest n."""
+    (B * H * n² * itemsize); for time, n² (``metric.guide_power``) through the reference's
+    time at the shortest n."""
     lengths = np.array(sorted(df["seq_len"].unique()), dtype=float)
     if metric.name == "memory":
         first = df.iloc[0]
@@ -229,17 +246,23 @@ def n2_guide(df: pd.DataFrame, metric: Metric) -> tuple[np.ndarray, np.ndarray] 
         itemsize = ITEMSIZE.get(first["dtype"], 4)
         return lengths, batch * float(first["heads"]) * lengths**2 * itemsize / MiB
     ref = df[
-        (df["mechanism"] == REFERENCE[0]) & (df["path"] == REFERENCE[1]) & (df["status"] == "ok")
+        (df["mechanism"] == reference_impl[0])
+        & (df["path"] == reference_impl[1])
+        & (df["status"] == "ok")
     ].sort_values("seq_len")
     if ref.empty:
         return None
     n0, t0 = float(ref["seq_len"].iloc[0]), float(ref["time_median_ms"].iloc[0])
-    return lengths, t0 * (lengths / n0) ** 2
+    if metric.per_token:
+        t0 /= float(ref["query_len"].iloc[0])
+    return lengths, t0 * (lengths / n0) ** metric.guide_power
 
 
-def _finish_axes(axes, df: pd.DataFrame, metric: Metric) -> None:
+def _finish_axes(
+    axes, df: pd.DataFrame, metric: Metric, reference_impl: tuple[str, str] = REFERENCE
+) -> None:
     lengths = sorted(df["seq_len"].unique())
-    guide = n2_guide(df, metric)
+    guide = n2_guide(df, metric, reference_impl)
     for i, ax in enumerate(axes):
         if guide is not None:
             ax.plot(*guide, "--", color="black", linewidth=0.9, alpha=0.75, zorder=1)
@@ -253,7 +276,7 @@ def _finish_axes(axes, df: pd.DataFrame, metric: Metric) -> None:
         if i % 2 == 0:
             ax.set_ylabel(metric.ylabel, fontsize=9.5)
         if i >= len(axes) - 2:
-            ax.set_xlabel("sequence length n", fontsize=9.5)
+            ax.set_xlabel(metric.xlabel, fontsize=9.5)
     if len(axes) > 1:
         axes[0].set_xlim(lengths[0] / 1.25, lengths[-1] * 1.25)
 
@@ -336,11 +359,14 @@ def _not_run_note(ax, never: list[Series]) -> None:
     )
 
 
-def _figure_key(fig, series: list[Series], metric: Metric, with_reference: bool) -> None:
+def _figure_key(
+    fig, series: list[Series], metric: Metric, reference_impl: tuple[str, str] | None
+) -> None:
     """The shared key at the top: line styles, the grey reference, the n² guide, stop markers."""
     drawn = [s for s in series if s.ran]
     handles = []
-    if with_reference:
+    if reference_impl is not None:
+        what = "dense SDPA" if reference_impl == REFERENCE else "the suite's reference"
         handles.append(
             Line2D(
                 [],
@@ -348,7 +374,7 @@ def _figure_key(fig, series: list[Series], metric: Metric, with_reference: bool)
                 color=REFERENCE_COLOR,
                 linewidth=4,
                 alpha=0.6,
-                label=f"{REFERENCE[0]}:{REFERENCE[1]} (dense SDPA), every panel",
+                label=f"{reference_impl[0]}:{reference_impl[1]} ({what}), every panel",
             )
         )
     for kind in ("efficient", "reference", "fused"):
@@ -366,6 +392,8 @@ def _figure_key(fig, series: list[Series], metric: Metric, with_reference: bool)
                 )
             )
     guide = "dense n×n scores (B·H·n²·bytes)" if metric.name == "memory" else "∝ n² (from SDPA)"
+    if metric.guide_power == 1:
+        guide = "∝ n (from the reference)"
     handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.9, label=guide))
     statuses = {status for s in drawn for status in s.rows["status"] if status != "ok"}
     for status, marker in STATUS_MARKER.items():

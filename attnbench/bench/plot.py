@@ -2,7 +2,8 @@
 
 For each setting in the file (direction and causal flag, and device, dtype and head dim when a
 file mixes them), two figures of per-family small multiples (:mod:`attnbench.bench.panels`):
-``time-<setting>`` and ``memory-<setting>``, time per call and peak memory against n. And one
+``time-<setting>`` and ``memory-<setting>``, time per call and peak memory against n; on a GPU
+also ``tflops-<setting>`` (:mod:`attnbench.bench.gpu_figure`). And one
 ``headline`` (:mod:`attnbench.bench.headline`): at the longest n each path reached, its speed-up
 and memory relative to dense SDPA.
 """
@@ -16,7 +17,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.figure import Figure
 
+from attnbench.bench.decode_plot import decode_figures, is_decode
 from attnbench.bench.figstyle import figure_keys, file_stem, mechanism_colors, select
+from attnbench.bench.gpu_figure import gpu_figure
 from attnbench.bench.headline import headline_figure
 from attnbench.bench.panels import METRICS, family_figure
 from attnbench.bench.results import read_results
@@ -25,6 +28,7 @@ from attnbench.runtime.outputs import save_figure
 
 FORMATS = ("png", "svg")
 HEADLINE_NAME = "headline"
+GPU_NAME = "tflops"
 
 
 @dataclass
@@ -45,6 +49,15 @@ def plot_results(csv: Path, out_dir: Path | None = None, fmt: str = "png") -> Fi
     _make_dir(out_dir)
     figures = Figures()
     colors = mechanism_colors(df)
+    figures.paths.extend(decode_figures(df, out_dir, fmt, colors, save))
+    packed = df["packing"].fillna("").astype(str) != ""
+    if packed.any():
+        figures.notes.append(
+            "packed batches have no n axis: their speed-up over padding is in the run's summary"
+        )
+    df = df[~is_decode(df) & ~packed]  # the inference shapes have their own figures
+    if df.empty:
+        return figures
     for key in figure_keys(df):
         sub = select(df, key)
         if not (sub["status"] == "ok").any():
@@ -53,6 +66,11 @@ def plot_results(csv: Path, out_dir: Path | None = None, fmt: str = "png") -> Fi
         for metric in METRICS.values():
             path = out_dir / f"{metric.name}-{file_stem(df, key)}.{fmt}"
             save(family_figure(sub, metric, colors), path)
+            figures.paths.append(path)
+        gpu = gpu_figure(sub)  # a CUDA run: TFLOP/s with cuDNN and flash in every panel
+        if gpu is not None:
+            path = out_dir / f"{GPU_NAME}-{file_stem(df, key)}.{fmt}"
+            save(gpu, path)
             figures.paths.append(path)
     headline = headline_figure(df)
     if headline is None:

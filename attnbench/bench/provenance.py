@@ -36,11 +36,13 @@ CONVENTIONS = {
         "milliseconds per call (clock column: wall = elapsed, process-cpu = CPU time of the "
         "process, cuda-events = GPU time): median and p20/p80 over interleaved rounds, each "
         "sample the mean of a block of calls; fwd runs under torch.no_grad(); fwdbwd is forward + "
-        "autograd.grad of all inputs for a fixed random output gradient. On CUDA the L2 cache "
-        "is not flushed between samples: a sample is a block of calls lasting at least the "
-        "suite's block_s (20 ms on the GPU suites), whose calls reuse the same inputs as a "
-        "layer's repeated calls would, so one flush per block would change little and a flush "
-        "per call would time the flush's launch with it"
+        "autograd.grad of all inputs for a fixed random output gradient. On CUDA, with the "
+        "suite's l2 = 'warm' (the default), the L2 cache is not flushed: a sample is a block of "
+        "calls lasting at least block_s whose calls reuse the same inputs, as a layer's repeated "
+        "calls would; with l2 = 'cold' a buffer of at least twice the L2 is written before "
+        "every call, outside the timed region, and each call is timed by its own pair of "
+        "events; with graph = true the samples are replays of a CUDA graph of the call (the "
+        "l2, graph and graph_reason columns say which)"
     ),
     "noisy": f"(p80 - p20) / median > {NOISY_SPREAD}",
     "ref_ratio": (
@@ -58,7 +60,7 @@ CONVENTIONS = {
     "roofline": (
         "median over rounds of (achieved FLOP/s / FLOP/s of a square matmul timed in the same "
         "round, same device, dtype and threads); matmul_flop_per_s is that matmul's rate over "
-        "the group's rounds"
+        "the group's rounds; roofline_fa: the same with flops_fa (fwdbwd = 3.5 x forward)"
     ),
     "memory": (
         "peak bytes above the inputs in an untimed pass: mem_fwd without autograd, mem_fwdbwd "

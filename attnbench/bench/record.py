@@ -18,6 +18,7 @@ from attnbench.bench.failures import (
     is_sticky_cuda_error,
     one_line,
 )
+from attnbench.bench.inference import case_columns
 from attnbench.bench.plan import Case, Group
 from attnbench.bench.results import (
     COLUMNS,
@@ -28,6 +29,7 @@ from attnbench.bench.results import (
     row_key,
 )
 from attnbench.measure.flops import count_flops
+from attnbench.measure.gpu_timing import effective_l2
 from attnbench.measure.timing import per_round_ratios
 from attnbench.runtime.progress import Progress
 
@@ -88,7 +90,7 @@ class Recorder:
         ``values``."""
         s = case.shape
         try:
-            fc = count_flops(case.mech, s, case.causal, case.params, case.direction)
+            fc = count_flops(case.mech, s, case.causal, case.params, case.direction, case.path)
             flops, method, flops_fa = fc.flops, fc.method, fc.flops_fa
         except Exception as e:  # a bad formula must not stop the sweep; say so in the row
             flops, method, flops_fa = None, f"not counted ({one_line(e, 80)})", None
@@ -105,6 +107,7 @@ class Recorder:
             torch_version=torch.__version__,
             threads=self.threads,
             clock=self.clock,
+            l2=effective_l2(self.suite.timing, case.device),
             dtype=str(case.dtype).removeprefix("torch."),
             batch=s.batch,
             heads=s.heads,
@@ -119,6 +122,7 @@ class Recorder:
             flops=flops,
             flops_method=method,
             flops_fa=flops_fa,
+            **case_columns(case),
         )
         row.update(values)
         return row

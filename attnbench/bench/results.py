@@ -34,6 +34,20 @@ from attnbench.core.errors import AttnbenchError
 from attnbench.runtime import logs
 from attnbench.runtime.outputs import atomic_open
 
+#: The inference shapes' columns (decoding and packed batches), empty in other rows.
+INFERENCE_COLUMNS: tuple[str, ...] = (
+    "query_len",
+    "varlen",
+    "packing",
+    "state_bytes",
+    "bytes_moved",
+    "bytes_per_s",
+    "copy_bytes_per_s",
+    "bandwidth_fraction",
+)
+#: Key columns added since results were first committed (empty in older files' rows).
+ADDED_KEY: tuple[str, ...] = ("query_len", "varlen", "packing")
+
 #: Every column, in order. A CSV whose header differs is not read (schema mismatch).
 COLUMNS: tuple[str, ...] = (
     "suite",
@@ -47,6 +61,9 @@ COLUMNS: tuple[str, ...] = (
     "torch_version",
     "threads",
     "clock",
+    "l2",
+    "graph",
+    "graph_reason",
     "dtype",
     "batch",
     "heads",
@@ -77,8 +94,10 @@ COLUMNS: tuple[str, ...] = (
     "roofline",
     "flops_fa",
     "flop_per_s_fa",
+    "roofline_fa",
     "flops_executed",
     "flop_per_s_executed",
+    *INFERENCE_COLUMNS,
     "mem_fwd_bytes",
     "mem_fwdbwd_bytes",
     "mem_method",
@@ -91,6 +110,11 @@ ADDED_COLUMNS: tuple[str, ...] = (
     "flop_per_s_fa",
     "flops_executed",
     "flop_per_s_executed",
+    "l2",
+    "graph",
+    "graph_reason",
+    "roofline_fa",
+    *INFERENCE_COLUMNS,
 )
 
 #: The columns that identify a case: rows of two runs with equal keys are compared.
@@ -107,6 +131,7 @@ KEY: tuple[str, ...] = (
     "value_dim",
     "causal",
     "direction",
+    *ADDED_KEY,
 )
 
 STATUSES = ("ok", "oom", "unsupported", "error", "skipped")
@@ -119,11 +144,13 @@ Warn = Callable[[str], None]
 
 _INT = ("threads", "batch", "heads", "kv_heads", "seq_len", "head_dim", "value_dim", "samples")
 _INT += ("calls_per_sample", "flops", "mem_fwd_bytes", "mem_fwdbwd_bytes")
-_INT += ("flops_fa", "flops_executed")
+_INT += ("flops_fa", "flops_executed", "query_len", "state_bytes", "bytes_moved")
 _FLOAT = ("time_median_ms", "time_p20_ms", "time_p80_ms", "first_call_ms", "ref_ratio")
 _FLOAT += ("ref_ratio_p20", "ref_ratio_p80", "tokens_per_s", "flop_per_s")
 _FLOAT += ("matmul_flop_per_s", "roofline", "flop_per_s_fa", "flop_per_s_executed")
-_BOOL = ("causal", "noisy")
+_FLOAT += ("roofline_fa",)
+_FLOAT += ("bytes_per_s", "copy_bytes_per_s", "bandwidth_fraction")
+_BOOL = ("causal", "noisy", "graph")
 _TEXT = tuple(c for c in COLUMNS if c not in _INT + _FLOAT + _BOOL)
 
 
@@ -427,7 +454,7 @@ def _floats(record: Mapping[str, Any], name: str) -> tuple[float, ...] | None:
 
 
 def _case_samples(record: Any) -> tuple[tuple[str, ...], CaseSamples]:
-    if not isinstance(record, dict) or any(c not in record for c in KEY):
+    if not isinstance(record, dict) or any(c not in record for c in KEY if c not in ADDED_KEY):
         raise ValueError("not an object with the results' key columns")
     times = _floats(record, "time_ms")
     if not times:

@@ -31,8 +31,10 @@ run in a few numbers). This module puts them together: :func:`run_speed`.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path as FilePath
 from typing import Any
 
@@ -64,15 +66,19 @@ from attnbench.bench.summary import (
     COMPLEXITY_NAME,
     CSV_NAME,
     SIDECAR_NAME,
+    WARNINGS_NAME,
     SpeedRun,
 )
 from attnbench.bench.units import Unit
+from attnbench.bench.warmup_notes import autotune_notes
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.spec import Mechanism
 from attnbench.measure import machine
-from attnbench.measure.timing import Clock, retain_freed_memory
+from attnbench.measure.gpu_timing import gpu_only_options, make_clock
+from attnbench.measure.timing import retain_freed_memory
 from attnbench.runtime.outputs import ensure_dir, write_csv
 from attnbench.runtime.progress import Progress, Silent
+from attnbench.runtime.warning_log import WarningLog
 
 
 def prepare_out_dir(out: FilePath, overwrite: bool) -> None:
@@ -110,6 +116,9 @@ def run_speed(
     progress = progress or Silent()
     mechanisms = list(mechanisms if mechanisms is not None else registry.MECHANISMS)
     device = suite.torch_device()
+    refused = gpu_only_options(suite.timing, device)
+    if refused:
+        raise AttnbenchError(refused)
     groups = plan(suite, mechanisms)
     ref = reference_pair(suite, mechanisms)
     if unit is not None:
@@ -129,7 +138,7 @@ def run_speed(
     write_json(side_path, sidecar)
     writer = ResultsWriter(csv_path, append=bool(previous))
     samples_writer = SamplesWriter(out_dir / SAMPLES_NAME, append=bool(previous))
-    clock = Clock(device, suite.timing.clock)
+    clock = make_clock(device, suite.timing)
     book = Recorder(suite, writer, samples_writer, progress, threads=threads, clock=clock.name,
                     device_name=machine.device_name(device),
                     recorded=None if unit is None else {unit.mechanism})  # fmt: skip
@@ -140,11 +149,15 @@ def run_speed(
     if previous:
         book.resume_from(previous)
         sidecar["resumed_with_rows"] = len(previous)
+    caught = WarningLog(out_dir / WARNINGS_NAME)
     try:
         for w in before:
             progress.warning(w)
-        progress.start(f"{suite.name} on {machine.device_name(device)}", total)
-        interrupted = runner.run()
+        progress.start(run_title(suite, device, threads), total)
+        # torch's warnings into a file of the run, not between the progress lines; Triton's
+        # autotuning said as it happens
+        with caught, autotune_notes(device, progress.note):
+            interrupted = runner.run()
     finally:
         writer.close()
         samples_writer.close()
@@ -152,7 +165,22 @@ def run_speed(
         load = watch.stop()
         progress.finish()
     wall = time.perf_counter() - started
-    return _finish(suite, runner, out_dir, sidecar, interrupted, wall, load, before, busy_threads)
+    sidecar["torch_warnings"] = caught.summary()
+    run = _finish(suite, runner, out_dir, sidecar, interrupted, wall, load, before, busy_threads)
+    run.warnings = caught.count
+    run.warnings_file = caught.path if caught.count else None
+    return run
+
+
+def run_title(suite: SpeedSuite, device: torch.device, threads: int) -> str:
+    """The progress title: the suite and the device, and on the CPU the threads it runs on when
+    that is fewer than the cores (``max_threads``)."""
+    title = f"{suite.name} on {machine.device_name(device)}"
+    cores = os.cpu_count() or 1
+    if device.type == "cpu" and threads < cores:
+        why = " (the suite's max_threads)" if not suite.threads else ""
+        title += f", {threads} thread{'s' * (threads > 1)} of {cores} cores{why}"
+    return title
 
 
 def _finish(
@@ -208,7 +236,7 @@ def unit_groups(groups: list[Group], unit: Unit, ref: tuple[str, str] | None) ->
         cases = tuple(c for c in g.cases if c.mech.name == unit.mechanism
                       or (ref is not None and (c.mech.name, c.path.name) == ref))  # fmt: skip
         if any(c.mech.name == unit.mechanism for c in cases):
-            out.append(Group(g.dtype, g.head_dim, g.causal, g.seq_len, cases))
+            out.append(replace(g, cases=cases))
     return out
 
 

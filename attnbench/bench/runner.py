@@ -13,14 +13,24 @@ import torch
 
 from attnbench.bench.config import SpeedSuite
 from attnbench.bench.failures import StickyDeviceError, one_line
+from attnbench.bench.inference import (
+    add_bandwidth,
+    padded_work,
+    set_up_decode,
+    set_up_packed,
+    tokens_per_call,
+)
 from attnbench.bench.member import Member, free_memory, set_up
 from attnbench.bench.plan import Case, Group, unsupported_reason
 from attnbench.bench.record import Recorder
+from attnbench.bench.warmup_notes import note_first_call, slow_first_call
 from attnbench.core.errors import AttnbenchError
+from attnbench.measure.bandwidth import CopyAnchor, copy_anchor
 from attnbench.measure.flops import MatmulAnchor, executed_flops, sized_anchor
 from attnbench.measure.timing import (
     Clock,
     Stats,
+    WarmUp,
     block_calls,
     per_round_ratios,
     round_order,
@@ -56,6 +66,8 @@ class SweepRunner:
         self.device = suite.torch_device()
         self.anchors: dict[torch.dtype, tuple[MatmulAnchor, int]] = {}  # dtype -> (matmul, block)
         self.mm_rates: dict[str, list[float]] = {}  # dtype -> the matmul rate of every group
+        self.copy: tuple[CopyAnchor, WarmUp, int] | None = None  # decoding's copy, built once
+        self.copy_samples: list[float] = []  # the copy's samples in the group being written
         self.stopped: str | None = None  # why the sweep ended early (not Ctrl-C)
 
     @property
@@ -90,7 +102,11 @@ class SweepRunner:
                 members.append(member)
         if members:
             anchor, block = self._anchor(group.dtype)
-            anchor_samples = self._time(members, anchor, block)
+            copy = self._copy_member() if group.query_len is not None else None
+            timed = members + [copy] if copy is not None else members
+            anchor_samples = self._time(timed, anchor, block)
+            members = [m for m in timed if m is not copy]
+            self.copy_samples = copy.samples if copy is not None else []
             self._write_group(members, anchor, anchor_samples)
         inputs_cache.clear()
 
@@ -110,9 +126,16 @@ class SweepRunner:
             book.emit(case, book.row(case, "unsupported", reason))
             return None
         try:
-            return set_up(
-                case, cache, self.clock, self.suite.timing, need_fwd_memory=need_fwd_memory
-            )
+            with slow_first_call(case, self.progress.note):  # says so while it compiles
+                if case.decoding or case.packing:  # an inference shape (bench/inference.py)
+                    setup = set_up_decode if case.decoding else set_up_packed
+                    member = setup(case, cache, self.clock, self.suite.timing)
+                else:
+                    member = set_up(
+                        case, cache, self.clock, self.suite.timing, need_fwd_memory=need_fwd_memory
+                    )
+            note_first_call(case, member, self.progress.note)
+            return member
         except AttnbenchError as e:  # the mechanism rejects this shape or these params
             book.emit(case, book.row(case, "unsupported", str(e)))
             return None
@@ -134,6 +157,17 @@ class SweepRunner:
             warm = warm_up(anchor, self.clock, self.suite.timing)
             self.anchors[dtype] = (anchor, block_calls(warm.per_call_s, self.suite.timing))
         return self.anchors[dtype]
+
+    def _copy_member(self) -> Member:
+        """Decoding's memory roofline: the copy (:class:`CopyAnchor`), built once, warmed up,
+        and timed as one more member of the group's rounds."""
+        if self.copy is None:
+            copy = copy_anchor(self.device, self.suite.copy_mib)
+            self.progress.note(f"warming up the copy ({self.suite.copy_mib} MiB)")
+            warm = warm_up(copy, self.clock, self.suite.timing)
+            self.copy = (copy, warm, block_calls(warm.per_call_s, self.suite.timing))
+        copy, warm, block = self.copy
+        return Member(None, copy, warm, block=block)  # type: ignore[arg-type]
 
     def _time(self, members: list[Member], anchor: MatmulAnchor, block: int) -> list[float]:
         """Interleaved rounds: the matmul and every live member, once per round, in the order
@@ -169,17 +203,20 @@ class SweepRunner:
     ) -> None:
         mm_rate = anchor.flops / stats(anchor_samples).median
         self.mm_rates.setdefault(anchor.dtype, []).append(mm_rate)
-        by_impl = {(m.case.impl, m.case.direction): m for m in members}
-        refs = {}
+        by_impl = {(m.case.variant, m.case.direction): m for m in members}
+        refs: dict[tuple, Member | None] = {}
         if self.ref is not None:
             ref_impl = f"{self.ref[0]}:{self.ref[1]}"
-            refs = {d: by_impl.get((ref_impl, d)) for d in ("fwd", "fwdbwd")}
+            for m in members:  # per direction, and a packed batch's packed or padded run
+                if m.case.impl == ref_impl:
+                    refs.setdefault((m.case.direction, layout(m.case)), m)
         for m in members:
             case = m.case
             t = stats(m.samples)
-            sibling = by_impl.get((case.impl, "fwd" if case.direction == "fwdbwd" else "fwdbwd"))
+            other = "fwd" if case.direction == "fwdbwd" else "fwdbwd"
+            sibling = by_impl.get((case.variant, other))
             values = measured_values(m, sibling, t)
-            ref = refs.get(case.direction)
+            ref = refs.get((case.direction, layout(case)))
             ref_ratios = None
             if ref is not None and len(ref.samples) == len(m.samples):
                 ref_ratios = per_round_ratios(m.samples, ref.samples)
@@ -190,10 +227,13 @@ class SweepRunner:
                     ref_ratio_p20=r.p20,
                     ref_ratio_p80=r.p80,
                 )
-            row = self.book.row(case, "ok", **values)
+            row = self.book.row(case, "ok", **values, **m.values)
             if row["flops"] is not None:
                 add_rates(row, m.samples, t, anchor, anchor_samples, mm_rate)
             add_executed(row, case, t)
+            if case.decoding and self.copy is not None and self.copy_samples:
+                add_bandwidth(row, case, m.samples, t, self.copy[0], self.copy_samples)
+            padded_work(row, case, t)
             self.book.emit(case, row)
             if self.book.writes(case):
                 self.book.write_samples(row, m.samples, ref_ratios, anchor_samples)
@@ -220,6 +260,14 @@ class SweepRunner:
             )
 
 
+def layout(case: Case) -> str | None:
+    """``padded`` or ``packed`` for a packed batch's case (its own entry or the loop alike),
+    None for any other: what a case's reference must share to be timed against it."""
+    if not case.packing:
+        return None
+    return "padded" if case.packing == "padded" else "packed"
+
+
 def measured_values(m: Member, sibling: Member | None, t: Stats) -> dict[str, Any]:
     """An ok row's time and memory columns. The other direction's peak memory comes from the
     sibling (same path, other direction), when the run has it."""
@@ -238,10 +286,12 @@ def measured_values(m: Member, sibling: Member | None, t: Stats) -> dict[str, An
         calls_per_sample=m.block,
         first_call_ms=m.warm.first_s * 1e3,
         noisy=t.noisy,
-        tokens_per_s=case.shape.batch * case.shape.seq_len / t.median,
+        tokens_per_s=tokens_per_call(case) / t.median,
         mem_fwd_bytes=mem_fwd.bytes if mem_fwd else None,
         mem_fwdbwd_bytes=mem_fwdbwd.bytes if mem_fwdbwd else None,
         mem_method=method,
+        graph=m.graph,
+        graph_reason=m.graph_reason or None,
     )
 
 
@@ -269,13 +319,19 @@ def add_rates(
     mm_rate: float,
 ) -> None:
     """The row's FLOP/s, the matmul's, and the roofline: the median over rounds of this case's
-    FLOP/s over the matmul's in the same round."""
+    FLOP/s over the matmul's in the same round (``roofline_fa``: in flash-attention's
+    convention, fwd+bwd = 3.5x the forward)."""
     row["flop_per_s"] = row["flops"] / t.median
     if row["flops_fa"] is not None:
         row["flop_per_s_fa"] = row["flops_fa"] / t.median
     row["matmul_flop_per_s"] = mm_rate
-    per_round = [
-        (row["flops"] / x) / (anchor.flops / a)
-        for x, a in zip(samples, anchor_samples, strict=True)
-    ]
-    row["roofline"] = stats(per_round).median
+
+    def roofline(flops: float) -> float:
+        per_round = [
+            (flops / x) / (anchor.flops / a) for x, a in zip(samples, anchor_samples, strict=True)
+        ]
+        return stats(per_round).median
+
+    row["roofline"] = roofline(row["flops"])
+    if row["flops_fa"] is not None:
+        row["roofline_fa"] = roofline(row["flops_fa"])

@@ -11,6 +11,8 @@ from typing import Any, Literal, get_args
 import torch
 
 from attnbench.core.spec import PATH_KINDS, PathKind
+from attnbench.core.varlen import valid_varlen
+from attnbench.measure.gpu_timing import L2_MODES
 from attnbench.measure.timing import CLOCKS, ORDERS
 from attnbench.runtime.schema import Checked, Invalid, above, at_least, setting, within
 
@@ -19,6 +21,7 @@ Direction = Literal["fwd", "fwdbwd"]
 DtypeName = Literal["float32", "fp32", "float64", "fp64", "bfloat16", "bf16", "float16", "fp16"]
 Order = Literal[ORDERS]  # measure.timing's orders
 ClockKind = Literal[CLOCKS]
+L2Mode = Literal[L2_MODES]  # measure.gpu_timing's modes
 
 DIRECTIONS: tuple[str, ...] = get_args(Direction)
 DEVICES: tuple[str, ...] = get_args(Device)
@@ -96,9 +99,35 @@ class Shape(Checked):
     head_dims: tuple[int, ...] = setting(
         (64,), "head dimensions D (= Dv)", valid=at_least(1), non_empty=True
     )
+    query_lengths: tuple[int, ...] = setting(
+        (),
+        "decoding: new queries per call against a K/V cache or state of each length n "
+        "(`lengths`), each mechanism's decode forms; empty: every query (self-attention)",
+        valid=within(1, MAX_LENGTH),
+    )
+    kv_heads: tuple[int, ...] = setting(
+        (),
+        "K/V heads for the mechanisms that share K/V across query heads and take a `kv_heads` "
+        "parameter (GQA), one case each; empty: the parameter's value",
+        valid=at_least(1),
+    )
+    varlen: Any = setting(
+        "",
+        "a packed batch of sequences of different lengths instead of `lengths`: the lengths "
+        '(`[700, 300, 24]` or `"700,300,24"`), or `"tokens=T,count=N,seed=S"`: N lengths drawn '
+        "with seed S that add up to exactly T; each path runs it packed and padded",
+        accepted='a list of lengths >= 1, "L1,L2,...", or "tokens=T,count=N,seed=S"',
+        valid=valid_varlen,
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.varlen not in ("", None, ()) and self.query_lengths:
+            raise Invalid(
+                "varlen",
+                "varlen and query_lengths cannot be combined (a packed batch is the prefill "
+                "shape); accepted: one of them",
+            )
         for head_dim in self.head_dims:
             if self.hidden and self.hidden % head_dim:
                 raise Invalid(
@@ -136,6 +165,12 @@ class Timing(Checked):
         0, "torch CPU threads, fixed for the run and recorded; 0: one per logical core",
         valid=at_least(0),
     )  # fmt: skip
+    max_threads: int = setting(
+        0,
+        "with `threads = 0`: at most this many (0: no cap), for a grid of calls too small for "
+        "more threads to pay",
+        valid=at_least(0),
+    )
     warmup_calls: int = setting(
         2, "untimed calls at least (the first compiles/autotunes)", valid=at_least(1)
     )
@@ -164,6 +199,12 @@ class Timing(Checked):
         "takes at most this long here (seconds; 0: always matmul_size)",
         valid=at_least(0),
     )
+    copy_mib: int = setting(
+        256,
+        "decoding's memory roofline: a copy of this many MiB (read and written) timed in the "
+        "same rounds as the decode cases; larger than the caches, so it measures memory",
+        valid=at_least(1),
+    )
     retain_memory: bool = setting(
         False,
         "keep freed memory in the process (glibc), so no call pays the kernel for fresh pages: "
@@ -179,6 +220,17 @@ class Timing(Checked):
         "wall",
         "`wall` (elapsed time; CUDA events on a GPU) or `cpu` (CPU time of the process: immune "
         "to being descheduled on a busy machine; CPU device only)",
+    )
+    l2: L2Mode | None = setting(
+        None,
+        "`cold` (a buffer of at least twice the L2 written before every timed call, outside the "
+        "timed region) or `warm` (no flush: what a loop of calls sees; the GPU default); "
+        "CUDA only, recorded in every row",
+    )
+    graph: bool = setting(
+        False,
+        "time replays of a CUDA graph of each case's call, where the path can be captured (a row "
+        "that could not be says why in `graph_reason`); CUDA only, recorded in every row",
     )
 
     def __post_init__(self) -> None:

@@ -17,6 +17,8 @@ from attnbench.bench.results import COLUMNS
 CSV_NAME = "results.csv"
 SIDECAR_NAME = "results.json"
 COMPLEXITY_NAME = "complexity.csv"
+#: Torch's and the libraries' warnings during the sweep (:mod:`attnbench.runtime.warning_log`).
+WARNINGS_NAME = "warnings.log"
 
 
 @dataclass
@@ -37,6 +39,9 @@ class SpeedRun:
     #: The machine's load before and during the run (sidecar ``load``), and what it says.
     load: dict[str, Any] | None = None
     busy: str | None = None
+    #: Warnings of torch and the libraries kept out of the terminal, and the file holding them.
+    warnings: int = 0
+    warnings_file: FilePath | None = None
 
     @property
     def counts(self) -> dict[str, int]:
@@ -55,8 +60,11 @@ HEADLINE = (("fwd", False), ("fwd", True), ("fwdbwd", False), ("fwdbwd", True))
 
 
 def summary_rows(run: SpeedRun) -> list[dict[str, Any]]:
-    """Per mechanism:path, the headline numbers at its largest measured n, and its exponents."""
+    """Per mechanism:path, the headline numbers at its largest measured n, and its exponents
+    (the inference shapes' rows have their own: :mod:`attnbench.bench.inference_summary`)."""
     df = pd.DataFrame(run.rows, columns=list(COLUMNS))
+    inference = df["query_len"].notna() | df["packing"].fillna("").astype(str).ne("")
+    df = df[~inference]
     if df.empty:
         return []
     cx = run.exponents

@@ -45,7 +45,7 @@ PLAN_KIND = "attnbench-speed-units"
 STUB_COLUMNS = (
     "suite", "mechanism", "family", "path", "path_kind", "params", "device", "dtype", "batch",
     "heads", "kv_heads", "seq_len", "head_dim", "value_dim", "causal", "direction", "flops",
-    "flops_method",
+    "flops_method", "query_len", "varlen", "packing",
 )  # fmt: skip
 
 
@@ -92,6 +92,7 @@ def unit_id(device: str, dtype: str, head_dim: int, causal: bool, mechanism: str
 def speed_units(suite, mechanisms=None) -> list[Unit]:
     """The suite's units, in plan order (the order their first case runs in a single-process
     run), each listing the rows it writes."""
+    from attnbench.bench.inference import case_columns
     from attnbench.bench.plan import plan
     from attnbench.bench.results import params_text
     from attnbench.measure.flops import count_flops
@@ -105,7 +106,7 @@ def speed_units(suite, mechanisms=None) -> list[Unit]:
             key = (dname, group.head_dim, group.causal, case.mech.name)
             s = case.shape
             try:
-                fc = count_flops(case.mech, s, case.causal, case.params, case.direction)
+                fc = count_flops(case.mech, s, case.causal, case.params, case.direction, case.path)
                 flops, method = fc.flops, fc.method
             except Exception as e:  # as the runner's rows say it
                 flops, method = None, f"not counted ({type(e).__name__})"
@@ -131,6 +132,7 @@ def speed_units(suite, mechanisms=None) -> list[Unit]:
                     "direction": case.direction,
                     "flops": flops,
                     "flops_method": method,
+                    **case_columns(case),
                 }
             )
             order += 1

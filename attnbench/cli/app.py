@@ -14,6 +14,7 @@ from attnbench.cli import (
     compare,
     export,
     gate,
+    gpu_check_cmd,
     list_cmd,
     merge_cmd,
     plot,
@@ -21,6 +22,7 @@ from attnbench.cli import (
     show,
 )
 from attnbench.cli.common import INTERRUPTED, USAGE_ERROR, Group, command_help
+from attnbench.cli.history import history_app
 from attnbench.cli.run import run_app
 from attnbench.runtime import logs
 
@@ -63,8 +65,10 @@ for _name, _fn in (
     ("merge", merge_cmd.merge_cmd),
     ("gate", gate.gate_cmd),
     ("report", report_cmd.report_cmd),
+    ("gpu-check", gpu_check_cmd.gpu_check_cmd),
 ):
     app.command(_name, **command_help(_fn))(_fn)
+app.add_typer(history_app, name="history")
 
 
 # Typer may vendor its own click (typer._click): take click's exception classes from Typer's own

@@ -83,6 +83,11 @@ def describe(mech: Mechanism) -> dict[str, Any]:
             }
             for p in mech.paths
         ],
+        "decode": [
+            {"name": p.name, "memory": p.memory, "requires": [r.name for r in p.requires]}
+            for p in mech.decode
+        ],
+        "no_decode": mech.no_decode,
     }
 
 

@@ -1,4 +1,5 @@
-"""``attnbench compare CURRENT BASELINE``: the regression gate (exit 1 on a regression)."""
+"""``attnbench compare CURRENT BASELINE``: the regression gate (exit 1 on a regression); and
+``attnbench compare RESULTS --peer PATH=PEER --n N``: one run's paths against their peers."""
 
 from __future__ import annotations
 
@@ -87,14 +88,37 @@ Separation = Annotated[
         help="Also require the p20..p80 bands of the two time ratios not to overlap.",
     ),
 ]
+HistoryDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--history",
+        help="A results history folder (attnbench history): cases with too few rounds for the "
+        "U test are judged against their history there.",
+    ),
+]
 ShowAll = Annotated[
     bool, typer.Option("--all", help="Show every compared quantity, not only the changes.")
+]
+Peers = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--peer",
+        help="Instead of a baseline: read PATH against PEER in CURRENT alone, at --n (PATH=PEER, "
+        "PEER may be :NAME, the same mechanism's path; PATH alone: its row; repeatable).",
+        metavar="<str>",
+    ),
+]
+PeerLength = Annotated[int | None, typer.Option("--n", help="With --peer: the length to read.")]
+PeerCausal = Annotated[
+    bool, typer.Option("--causal", help="With --peer: read the causal rows instead.")
 ]
 
 
 def compare_cmd(
     current: Annotated[Path, typer.Argument(help="Results CSV of this run.")],
-    baseline: Annotated[Path, typer.Argument(help="Results CSV to compare against.")],
+    baseline: Annotated[
+        Path | None, typer.Argument(help="Results CSV to compare against (not with --peer).")
+    ] = None,
     confirm: Confirm = None,
     markdown_file: MarkdownFile = None,
     output_format: OutputFormat = "table",
@@ -107,6 +131,10 @@ def compare_cmd(
     mem_tolerance_other: MemToleranceOther = MEM_TOLERANCE_OTHER,
     separation: Separation = True,
     show_all: ShowAll = False,
+    history: HistoryDir = None,
+    peer: Peers = None,
+    peer_n: PeerLength = None,
+    peer_causal: PeerCausal = False,
 ) -> None:
     """Compare a speed run with a baseline: time as ratio to the reference, FLOPs, memory.
 
@@ -114,7 +142,8 @@ def compare_cmd(
     ratio of medians exceeds --min-effect, and the change is beyond the noise this comparison
     shows, in two cases of a path (one case alone: reported as suspect; a --confirm re-run that
     shows it again makes it a regression). Results without a samples file fall back to
-    --time-ratio with p20..p80 bands apart.
+    --time-ratio with p20..p80 bands apart. With --history DIR, a case with too few rounds for
+    the U test is judged against its results history instead (the history rule).
 
     Exit code 0: nothing worse; 1: a regression; 2: usage error; 3: nothing comparable
     (e.g. a baseline from another machine or torch version: a warning, not a failure).
@@ -123,10 +152,19 @@ def compare_cmd(
     line too; --format json prints the whole comparison as JSON on stdout. With --confirm,
     something worse in CURRENT alone is reported as unconfirmed.
 
+    With --peer instead of a baseline, one run's paths are read against their peers in the same
+    rounds, at one length (--n): each path's fraction of the matmul rate, its speed-up over dense
+    SDPA, and each peer's time over the path's (above 1 the path is faster). Printed as Markdown
+    (--markdown also writes it; --format json prints the numbers).
+
     Example: [bold]attnbench compare runs/ci/results.csv runs/ci-before/results.csv[/bold]
+    (peers: [bold]attnbench compare RESULTS.csv --peer local:efficient=:flex --n 8192[/bold])
     """
     if output_format not in FORMATS:
         raise AttnbenchError(f"--format {output_format!r}: accepted: {', '.join(FORMATS)}")
+    if peer or baseline is None:
+        _peer_view(current, baseline, peer or [], peer_n, peer_causal, markdown_file, output_format)
+        return
     thresholds = _thresholds(
         time_ratio=time_ratio,
         ref_time_ratio=ref_time_ratio,
@@ -139,7 +177,7 @@ def compare_cmd(
     )
     from attnbench.bench.compare import as_json, compare
 
-    result = compare(current, baseline, thresholds, confirm or ())
+    result = compare(current, baseline, thresholds, confirm or (), history)
     if markdown_file is not None:
         _write_markdown(markdown_file, result, show_all)
     if output_format == "json":
@@ -150,6 +188,38 @@ def compare_cmd(
     _print_messages(result)
     out.print(f"attnbench compare: {result.headline()}", soft_wrap=True)
     raise typer.Exit(result.exit_code)
+
+
+def _peer_view(
+    results: Path,
+    baseline: Path | None,
+    peers: list[str],
+    n: int | None,
+    causal: bool,
+    markdown_file: Path | None,
+    output_format: str,
+) -> None:
+    """``compare RESULTS --peer ...``: the paths of one run against their peers
+    (:mod:`attnbench.bench.peers`)."""
+    if not peers:
+        raise AttnbenchError("BASELINE is missing; accepted: CURRENT BASELINE, or CURRENT --peer")
+    if baseline is not None:
+        raise AttnbenchError(f"--peer reads one run; accepted: CURRENT alone, not {baseline}")
+    from attnbench.bench.peers import parse_peer, peer_markdown, peer_rows
+    from attnbench.runtime.outputs import ensure_dir, write_text
+
+    parsed = [parse_peer(p) for p in peers]
+    if n is None:
+        raise AttnbenchError("--peer needs --n: the sequence length to read (e.g. --n 8192)")
+    records = peer_rows(results, n, parsed, causal)
+    text = peer_markdown(records, parsed)
+    if markdown_file is not None:
+        ensure_dir(markdown_file.parent, "folder for --markdown")
+        write_text(markdown_file, text)
+    if output_format == "json":
+        typer.echo(json.dumps(records, indent=2))
+    else:
+        typer.echo(text, nl=False)
 
 
 def _thresholds(**given: Any) -> Thresholds:

@@ -15,10 +15,9 @@ from attnbench.cli.common import err, fail, out
 SweepOption = Annotated[
     str | None,
     typer.Option(
-        help="Run a sweep of configurations instead of one run (a file in "
-        "suites/extrapolate/sweeps, e.g. cpu-preset, or a TOML file): each candidate's run into "
-        "OUT/runs/NAME, run.parallel at once (--set applies to every candidate), then "
-        "OUT/sweep.md."
+        help="Run a sweep of configurations instead of one run: a shipped sweep (cpu-preset, "
+        "cpu-compiled) or a TOML file. Each candidate's run goes to OUT/runs/NAME, run.parallel "
+        "at once (--set applies to every candidate), then OUT/sweep.md."
     ),
 ]
 SweepOnlyOption = Annotated[

@@ -85,7 +85,20 @@ class Executor(Choice):
 # --------------------------------------------------------------------------------------------
 
 SuiteOption = Annotated[
-    str, typer.Option("--suite", help="Suite name (speed, speed-gpu, ci) or a TOML file.")
+    str | None,
+    typer.Option(
+        "--suite",
+        help="Suite name (speed, speed-gpu, ci, gpu/flex...) or a TOML file; default: speed-gpu "
+        "when the run is on CUDA, else speed.",
+    ),
+]
+CacheDirOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--cache-dir",
+        help="Compile and autotune caches (DIR/inductor, DIR/triton); default: the usual "
+        "variables if set, else ~/.cache/attnbench.",
+    ),
 ]
 ImplOption = Annotated[
     list[str] | None,
@@ -231,7 +244,7 @@ def run_units(suite, out_dir: Path, executor: str, shard, resume: bool, overwrit
 
 
 def speed(
-    suite: SuiteOption = "speed",
+    suite: SuiteOption = None,
     impl: ImplOption = None,
     lengths: LengthsOption = None,
     device: DeviceOption = None,
@@ -252,6 +265,7 @@ def speed(
     shard: ShardOption = None,
     ray_address: RayAddressOption = None,
     list_units: ListUnitsOption = False,
+    cache_dir: CacheDirOption = None,
 ) -> None:
     """Time, throughput, FLOPs, roofline and peak memory of every mechanism and path.
 
@@ -264,6 +278,8 @@ def speed(
     Ctrl-C stops cleanly and keeps every finished row; --resume continues such a run (and one
     stopped by a sticky CUDA error, exit 75) in the same --out.
 
+    Without --suite: the GPU suite speed-gpu when the run is on CUDA, else the CPU suite speed.
+
     Example: [bold]attnbench run speed --impl softmax --impl flash-tiled --lengths 512,2048[/bold]
     """
     if resume and overwrite:
@@ -272,10 +288,15 @@ def speed(
             "runs the missing cases, --overwrite runs everything again"
         )
     from attnbench.bench.config import load_suite, override
+    from attnbench.runtime.caches import compile_caches, resolve_caches
     from attnbench.runtime.tomlconfig import parse_settings
 
+    caches = resolve_caches(cache_dir)
     chosen = override(
-        load_suite(suite, settings=parse_settings(set_, "--set", "timing.rounds=9")),
+        load_suite(
+            suite or default_suite_here(_value(device)),
+            settings=parse_settings(set_, "--set", "timing.rounds=9"),
+        ),
         impls=impl or (),
         lengths=lengths,
         device=_value(device),
@@ -287,16 +308,32 @@ def speed(
         reference=reference,
         params=parse_params(param),
     )
-    if list_units or executor is not None or shard is not None:
-        run = unit_wise(
-            chosen, out_dir, _value(executor), shard, ray_address, resume, overwrite,
-            list_units=list_units, fmt=summary_format.value,
-        )  # fmt: skip
-        if run is None:  # --list-units, or a shard: the others' units are not here yet
-            return
-    else:
-        run = in_process(chosen, out_dir, ray_address, resume, overwrite)
+    with compile_caches(caches):  # a second run reuses what this one compiles and autotunes
+        if list_units or executor is not None or shard is not None:
+            run = unit_wise(
+                chosen, out_dir, _value(executor), shard, ray_address, resume, overwrite,
+                list_units=list_units, fmt=summary_format.value,
+            )  # fmt: skip
+            if run is None:  # --list-units, or a shard: the others' units are not here yet
+                return
+        else:
+            run = in_process(chosen, out_dir, ray_address, resume, overwrite)
     finish(run, plot, summary_format.value)
+
+
+def default_suite_here(device: str | None) -> str:
+    """The suite to run without --suite (:func:`attnbench.bench.suite_choice.default_suite`),
+    said on stderr when it is the GPU's."""
+    import torch
+
+    from attnbench.bench.suite_choice import chosen_note, default_suite
+
+    visible = torch.cuda.is_available()
+    name = default_suite(device, visible)
+    note = chosen_note(name, torch.cuda.get_device_name()) if visible else None
+    if note:  # (without a GPU, --device cuda is one error line, from the device check)
+        typer.echo(note, err=True)
+    return name
 
 
 def _value(choice: Choice | None) -> str | None:

@@ -17,6 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Column, Table
 
 from attnbench.cli.common import bar_width, err, out, short_reason
+from attnbench.cli.inference_report import inference_json, print_inference
 from attnbench.core.errors import AttnbenchError
 
 if TYPE_CHECKING:  # the benchmark (torch) is imported when the command runs, not for --help
@@ -210,9 +211,10 @@ def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
     rows = summary_rows(run)
     ran = [r for r in rows if not r["ok"].startswith("0/")]
     never = [r for r in rows if r["ok"].startswith("0/")]
+    inference = print_inference(run)  # decoding and packed batches: their own tables
     if ran:
         print_table([summary_cells(r) for r in ran], run.wall_s)
-    else:  # no table: an empty one squeezed its title and caption into its one column
+    elif not inference:  # no table: an empty one squeezed its title and caption into one column
         out.print(f"speed summary ({run.wall_s:.0f} s): no case was measured", highlight=False)
     if never:
         impls = {r["impl"] for r in never}
@@ -237,10 +239,18 @@ def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
         )
     counts = ", ".join(f"{n} {s}" for s, n in run.counts.items())
     out.print(f"rows: {counts or 'none'}")
+    if run.warnings:
+        out.print(f"{warnings_line(run)}", highlight=False)
     warn_about(run)
     out.print(f"wrote {run.csv}, {run.complexity}, {run.sidecar}")
     if figures:
         out.print(f"figures: {figures[0].parent}/ ({', '.join(p.name for p in figures)})")
+
+
+def warnings_line(run: SpeedRun) -> str:
+    """How many warnings of torch and the libraries the run kept out of the terminal, and where."""
+    plural = "s" if run.warnings != 1 else ""
+    return f"{run.warnings} warning{plural} of torch and the libraries: {run.warnings_file}"
 
 
 def matmul_shape(cal: Mapping[str, Any]) -> tuple[str, str]:
@@ -309,7 +319,12 @@ def summary_json(run: SpeedRun, figures: list[Path]) -> str:
         "interrupted": run.interrupted,
         "stopped": run.stopped,
         "not_run": len(run.not_run),
+        "warnings": {
+            "count": run.warnings,
+            "file": str(run.warnings_file) if run.warnings_file else None,
+        },
         "summary": [summary_object(r) for r in summary_rows(run)],
+        **inference_json(run),
         "calibration": run.calibration,
         "files": {
             "results": str(run.csv),

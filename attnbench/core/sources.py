@@ -161,3 +161,26 @@ DONG_2024_FLEX = Source(
     "Flex Attention: A Programming Model for Generating Optimized Attention Kernels", 2024,
     "https://arxiv.org/abs/2412.05496", "the FlexAttention API behind the ``flex`` paths",
 )  # fmt: skip
+
+# -- regressions over time (attnbench history) -----------------------------------------------------
+KILLICK_2012_PELT = Source(
+    "Killick et al. 2012", "Rebecca Killick, Paul Fearnhead, Idris A. Eckley",
+    "Optimal detection of changepoints with a linear computational cost (Journal of the American "
+    "Statistical Association 107(500):1590-1598)", 2012,
+    "https://doi.org/10.1080/01621459.2012.737745",
+    "PELT, the change-point search of attnbench history steps",
+)  # fmt: skip
+JACKSON_2005_OP = Source(
+    "Jackson et al. 2005", "Brad Jackson, Jeffrey D. Scargle, David Barnes, Sundararajan "
+    "Arabhi, Alina Alt, Peter Gioumousis, Elyus Gwin, Paungkaew Sangtrakulcharoen, Linda Tan, "
+    "Tun Tao Tsai", "An algorithm for optimal partitioning of data on an interval (IEEE Signal "
+    "Processing Letters 12(2):105-108)", 2005, "https://arxiv.org/abs/math/0309285",
+    "optimal partitioning, which PELT prunes",
+)  # fmt: skip
+ZHANG_SIEGMUND_2007 = Source(
+    "Zhang & Siegmund 2007", "Nancy R. Zhang, David O. Siegmund",
+    "A modified Bayes information criterion with applications to the analysis of comparative "
+    "genomic hybridization data (Biometrics 63(1):22-32)", 2007,
+    "https://doi.org/10.1111/j.1541-0420.2006.00662.x",
+    "the penalty of one more change point, 3 ln n",
+)  # fmt: skip

@@ -133,6 +133,12 @@ class Shape:
     head_dim: int
     kv_heads: int | None = None  # None: same as heads
     value_dim: int | None = None  # None: same as head_dim
+    #: Decoding (:mod:`attnbench.core.decode`): this many new queries against a cache (or a
+    #: state) of ``seq_len`` tokens. None: every query, self-attention over ``seq_len`` tokens.
+    query_len: int | None = None
+    #: A packed batch (:mod:`attnbench.core.varlen`): the lengths of its sequences. None: every
+    #: sequence is ``seq_len`` long.
+    varlen: tuple[int, ...] | None = None
 
     @property
     def hkv(self) -> int:
@@ -146,6 +152,8 @@ class Shape:
         """A test id that spells the shape out: ``B2-H3-T97-D32``."""
         extra = f"-KV{self.kv_heads}" if self.kv_heads is not None else ""
         extra += f"-DV{self.value_dim}" if self.value_dim is not None else ""
+        extra += f"-Q{self.query_len}" if self.query_len is not None else ""
+        extra += f"-L{'+'.join(map(str, self.varlen))}" if self.varlen is not None else ""
         return f"B{self.batch}-H{self.heads}-T{self.seq_len}-D{self.head_dim}{extra}"
 
 
@@ -209,6 +217,11 @@ class PathSpec:
     #: Runs under ``torch.compile``: on the CPU its peak memory is not measured (compiled code
     #: refuses the dispatch mode that counts CPU storage; see :mod:`attnbench.measure.memory`).
     compiled: bool = False
+    #: The path's own entry for a packed batch (:mod:`attnbench.core.varlen`):
+    #: ``varlen(q, k, v, *, causal, offsets, <what it declares>)`` with q, k, v ``[1, H, T, D]``
+    #: holding the sequences end to end and ``offsets`` their starts and the end (int64).
+    #: None: a packed batch runs as a loop over its sequences (an honest slow path, so labelled).
+    varlen: Callable[..., torch.Tensor] | None = None
 
     def __call__(self, *args: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         return self.fn(*args, **self.arguments(kwargs))
@@ -317,6 +330,11 @@ class Mechanism:
     whole_block: bool = False
     #: Whether the mechanism lets K/V have fewer heads than Q (MQA/GQA).
     shares_kv: bool = False
+    #: Its decode forms (:class:`attnbench.core.decode.DecodePath`, a kind of path): new
+    #: queries against a KV cache or a recurrent state built by their own prefill.
+    decode: tuple[PathSpec, ...] = ()
+    #: Why it has no decode form (required when ``decode`` is empty; the speed suite's row).
+    no_decode: str = ""
     notes: str = ""
     aliases: tuple[str, ...] = field(default=())
 
@@ -375,6 +393,16 @@ class Mechanism:
         if backward and not self.backward:
             reasons.append(f"{self.name} has no backward (forward only)")
         return reasons + chosen.not_supported_reasons(device, backward)
+
+    def decode_path(self, name: str) -> PathSpec:
+        """The decode form called ``name``; an error lists the ones there are, or why none."""
+        for p in self.decode:
+            if p.name == name:
+                return p
+        if not self.decode:
+            raise AttnbenchError(f"{self.name} has no decode form: {self.no_decode}")
+        names = ", ".join(p.name for p in self.decode)
+        raise AttnbenchError(f"{self.name} has no decode form {name!r}; available: {names}")
 
     def select(self, name: str | None) -> PathSpec:
         """The path called ``name``; None is the default path."""

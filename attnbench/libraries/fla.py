@@ -67,10 +67,11 @@ def _causal_only(what: str, causal: bool) -> None:
 
 
 #: Why a normalised float16 call is refused. Measured on an H100 (fla-core 0.6.0, torch 2.11,
-#: results/speed/nvidia-h100/logs/round4): the normaliser phi(q_t) . sum_{s<=t} phi(k_s) of the
-#: elu+1 feature map grows like t * d, so at T = 1023, d = 64 it passed float16's maximum
-#: (output error 0.11, NaN gradients), and at T = 97 its square in the backward did (dq error
-#: 0.18 against an allowed 0.016). bfloat16 has float32's range and passed.
+#: results/speed/nvidia-h100/logs/2026-11-27-evening): the normaliser
+#: phi(q_t) . sum_{s<=t} phi(k_s) of the elu+1 feature map grows like t * d, so at T = 1023,
+#: d = 64 it passed float16's maximum (output error 0.11, NaN gradients), and at T = 97 its
+#: square in the backward did (dq error 0.18 against an allowed 0.016). bfloat16 has float32's
+#: range and passed.
 FLOAT16_NORMALISER = (
     "FLA's normalised linear attention keeps the running key sum and the normaliser "
     "phi(q) . sum phi(k) (which grows with position) in the input dtype; in float16 (largest "

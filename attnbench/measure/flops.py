@@ -21,7 +21,9 @@ from typing import Any
 
 import torch
 
+from attnbench.core.decode import decode_flops
 from attnbench.core.spec import Mechanism, PathSpec, Shape
+from attnbench.core.varlen import varlen_flops
 from attnbench.measure.timing import Clock
 
 #: Backward = 2x forward: each forward matmul C = A B has two backward matmuls (dA = dC B^T,
@@ -42,11 +44,25 @@ class FlopCount:
 
 
 def count_flops(
-    mech: Mechanism, shape: Shape, causal: bool, params: Mapping[str, Any], direction: str
+    mech: Mechanism,
+    shape: Shape,
+    causal: bool,
+    params: Mapping[str, Any],
+    direction: str,
+    path: PathSpec | None = None,
 ) -> FlopCount:
-    """FLOPs of one call in ``direction`` ("fwd" or "fwdbwd") for ``shape`` (already adapted)."""
-    forward = mech.forward_flops(shape, causal, params)
+    """FLOPs of one call in ``direction`` ("fwd" or "fwdbwd") for ``shape`` (already adapted):
+    a decode call's (``shape.query_len``: ``path``'s count, :func:`decode_flops`), a packed
+    batch's (``shape.varlen``: the pairs inside each sequence, :func:`varlen_flops`)."""
     method = "formula" if mech.flops is not None else "pairs"
+    if shape.query_len is not None:
+        forward = decode_flops(mech, path, shape, params)
+        method = "decode form" if getattr(path, "flops", None) else f"{method}: the new rows"
+    elif shape.varlen is not None:
+        forward = varlen_flops(mech, shape, causal, params)
+        method += ": inside each sequence"
+    else:
+        forward = mech.forward_flops(shape, causal, params)
     if direction == "fwd":
         return FlopCount(forward, method, forward)
     return FlopCount(

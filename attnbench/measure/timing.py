@@ -60,6 +60,10 @@ class TimingPolicy:
     #: place further on, so every member takes every position equally often), "fixed",
     #: "reversed" or "shuffle" (a seeded random order per round).
     order: str = "rotate"
+    #: GPU only (see :mod:`attnbench.measure.gpu_timing`): "cold" flushes the L2 before every
+    #: timed call, "warm" (what None means on a GPU) does not; True: time CUDA graph replays.
+    l2: str | None = None
+    graph: bool = False
 
 
 #: Accepted values of TimingPolicy.order.

@@ -10,8 +10,9 @@ error about it names the option instead of a line.
 
 Lookup of ``--suite NAME`` / ``--preset NAME``: a path that exists is used as is; a bare name
 ``speed`` is ``speed.toml`` in the folder shipped inside the package (``attnbench/data/suites/``,
-presets in its ``extrapolate/`` subfolder). Each default file exists once; the checkout's
-top-level ``suites/`` is a link to that folder.
+presets in its ``extrapolate/`` subfolder, the GPU checks' suites in ``gpu/``, named
+``gpu/flex``). Each default file exists once; the checkout's top-level ``suites/`` is a link to
+that folder.
 """
 
 from __future__ import annotations
@@ -43,26 +44,38 @@ def names_in(folder: Path) -> list[str]:
     return sorted(f.stem for f in folder.glob("*.toml"))
 
 
-def find_config(name: str, folder: Path, what: str) -> Path:
+def find_config(name: str, folder: Path, what: str, names: list[str] | None = None) -> Path:
     """A config file from a path or a bare name looked up in ``folder`` (``what``: ``suite`` or
-    ``preset``, for messages)."""
+    ``preset``, for messages; ``names``: the shipped names, default :func:`names_in`). A name
+    may name a subfolder's file (``gpu/flex``)."""
+    names = names_in(folder) if names is None else names
     given = Path(name).expanduser()
     if given.is_file():
         return given
+    if name in names:
+        return folder / f"{name}.toml"
     if given.suffix == ".toml" or "/" in name or "\\" in name:
         raise AttnbenchError(
             f"{what} file {name} does not exist or is not a file; give a .toml file or a {what} "
-            f"name ({', '.join(names_in(folder))})"
+            f"name ({', '.join(names)})"
         )
-    f = folder / f"{name}.toml"
-    if f.is_file():
-        return f
-    raise unknown(what, name, names_in(folder))
+    raise unknown(what, name, names)
+
+
+#: Subfolders of SUITES_DIR whose files are speed suites too, named ``FOLDER/NAME``.
+SUITE_SUBFOLDERS = ("gpu",)
+
+
+def suite_names() -> list[str]:
+    """Every shipped speed suite's name: ``speed``, ``ci``..., then ``gpu/flex``..."""
+    return names_in(SUITES_DIR) + [
+        f"{sub}/{stem}" for sub in SUITE_SUBFOLDERS for stem in names_in(SUITES_DIR / sub)
+    ]
 
 
 def find_suite(name: str) -> Path:
     """A speed suite file from a path or a bare name (see the module docstring)."""
-    return find_config(name, SUITES_DIR, "suite")
+    return find_config(name, SUITES_DIR, "suite", suite_names())
 
 
 # --------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ from attnbench.core.precision import float32_sums, refuse_overflow, to_dtype
 from attnbench.core.spec import ExtraInput, Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.kernels import triton_ops
 from attnbench.variants.gau import NORMS, sdpa_any_width
+from attnbench.variants.gau_decode import FLASH_CHUNK, MC_CHUNK
 
 # --------------------------------------------------------------------------------------------
 # Reference: both parts as dense T x T matrices
@@ -376,6 +377,7 @@ FLASH = Mechanism(
     flops=flops,
     layer=_flash_layer,
     whole_block=True,
+    decode=(FLASH_CHUNK,),
     time="O(n c (s + e) + n s e)",
     memory="O(n c + (n/c) s e)",
     notes="single head in the layer (ignores `heads`); rotary, when given, on all four of q/k.",
@@ -400,6 +402,7 @@ MC_SOFTMAX = Mechanism(
     ),
     flops=flops,
     layer=_mc_layer,
+    decode=(MC_CHUNK,),
     time="O(n c d + n d^2)",
     memory="O(n d + (n/c) d^2)",
     notes="multi-head; the layer projects q, k, v, q_lin, k_lin and adds the two parts.",

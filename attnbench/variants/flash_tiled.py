@@ -20,6 +20,7 @@ from torch import Tensor
 from attnbench.core import sources
 from attnbench.core.spec import Mechanism, PathSpec, positive_int
 from attnbench.variants.softmax import reference as softmax_reference
+from attnbench.variants.softmax_decode import TILED
 
 
 def _tile_scores(q: Tensor, k_tile: Tensor, q0: int, k0: int, causal: bool, scale: float) -> Tensor:
@@ -115,6 +116,7 @@ MECHANISM = Mechanism(
             note="custom autograd Function; backward recomputes from the saved log-sum-exp",
         ),
     ),
+    decode=(TILED,),
     time="O(n^2 d)",
     memory="O(n * tile)",
 )

@@ -44,6 +44,7 @@ from attnbench.core.precision import float32_sums, refuse_overflow
 from attnbench.core.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.kernels.triton_ops import gau_path
 from attnbench.variants.dense import causal_mask, keys_seen, softmax_attention
+from attnbench.variants.gau_decode import GAU_CACHE
 
 SCORINGS = ("relu2", "softmax", "softmax_plus")
 NORMS = ("ns", "n2")
@@ -299,6 +300,7 @@ MECHANISM = Mechanism(
     flops=flops,
     layer=_gau_layer,
     whole_block=True,
+    decode=(GAU_CACHE,),
     time="O(n^2 (s + e))",
     memory="O(n * tile)",
     notes=(

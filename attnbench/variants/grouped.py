@@ -18,6 +18,8 @@ from attnbench.core import sources
 from attnbench.core.spec import Mechanism, PathSpec, Shape, positive_int
 from attnbench.kernels.sdpa import backend_path, backend_paths
 from attnbench.variants.dense import causal_mask, softmax_attention
+from attnbench.variants.packed import masked_reference
+from attnbench.variants.softmax_decode import cache_forms
 
 
 def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
@@ -32,7 +34,7 @@ def sdpa(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
 
 
 PATHS = (
-    PathSpec("reference", "reference", reference, memory="O(n^2)"),
+    PathSpec("reference", "reference", reference, memory="O(n^2)", varlen=masked_reference),
     PathSpec(
         "efficient",
         "efficient",
@@ -68,6 +70,7 @@ MQA = Mechanism(
         None if k.shape[1] == 1 else f"mqa takes one K/V head, k has {k.shape[1]}"
     ),
     shares_kv=True,
+    decode=cache_forms(shared_kv=True),
     memory="O(n^2) reference; K/V cache 1/H of softmax",
 )
 
@@ -81,5 +84,6 @@ GQA = Mechanism(
     adapt_shape=_gqa_shape,
     check_inputs=_check_kv_heads,
     shares_kv=True,
+    decode=cache_forms(shared_kv=True),
     memory="O(n^2) reference; K/V cache kv_heads/H of softmax",
 )

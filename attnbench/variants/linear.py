@@ -56,7 +56,8 @@ from attnbench.core.capabilities import FLA_CORE
 from attnbench.core.precision import float32_sums, refuse_overflow
 from attnbench.core.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.kernels import inductor, triton_ops
-from attnbench.libraries import fla
+from attnbench.libraries import fla, fla_varlen
+from attnbench.variants import linear_decode
 from attnbench.variants.chunks import chunked
 
 #: log2(e): e^x is computed as 2^(x log2 e). On the CPU torch's exp2 kernel ran 2.7x faster than
@@ -435,12 +436,14 @@ MECHANISM = Mechanism(
                 memory="O(n d) (chunk: O(n d^2 / 64) states)" if form == "chunk" else "O(n d)",
                 requires=(*triton_ops.REQUIRES, FLA_CORE),
                 note=f"FLA's {form} kernel (fla-core); causal only; its normaliser's eps is 1e-10",
+                varlen=fla_varlen.linear(form, phi),
             )
             for form in fla.FORMS
         ),
     ),
     check_params=_check,
     flops=flops,
+    decode=linear_decode.decode_forms(phi),
     time="O(n d^2) (causal chunkwise: O(n chunk d + n d^2))",
     memory="O(n d + d^2) bidirectional; O(n chunk + n d^2 / chunk) causal",
 )

@@ -26,6 +26,7 @@ from attnbench.core.spec import Mechanism, Param, PathSpec
 from attnbench.kernels.flex import ScoreMod, flex_fused
 from attnbench.kernels.sdpa import backend_paths, sdpa_with_backend
 from attnbench.variants.dense import causal_mask, keys_seen, softmax_attention
+from attnbench.variants.softmax_decode import cache_forms, logn_scale
 
 
 def parse_base(text: str) -> float:
@@ -131,4 +132,5 @@ MECHANISM = Mechanism(
         *backend_paths(sdpa_backend, note="per-row factor folded into q"),
         flex_fused(score_mod=logn_score_mod, note="FlexAttention with a log-n score_mod"),
     ),
+    decode=cache_forms(logn_scale),
 )

@@ -10,10 +10,13 @@ from attnbench.core.capabilities import CUDA, FLA_CORE, SAGEATTENTION, XFORMERS
 from attnbench.core.spec import Mechanism, PathSpec
 from attnbench.kernels.sdpa import backend_path, backend_paths
 from attnbench.kernels.triton_ops import REQUIRES
+from attnbench.libraries import fla_varlen
 from attnbench.libraries.fla import softmax_attention as fla_softmax
 from attnbench.libraries.sage import sage_attention
 from attnbench.libraries.xformers import memory_efficient
 from attnbench.variants.dense import causal_mask, softmax_attention
+from attnbench.variants.packed import masked_reference
+from attnbench.variants.softmax_decode import cache_forms
 
 
 def reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool) -> Tensor:
@@ -40,7 +43,7 @@ MECHANISM = Mechanism(
     sources=(sources.VASWANI_2017, sources.SU_2021_ENTROPY),
     aliases=("attention-o",),
     paths=(
-        PathSpec("reference", "reference", reference, memory="O(n^2)"),
+        PathSpec("reference", "reference", reference, memory="O(n^2)", varlen=masked_reference),
         PathSpec(
             "efficient",
             "efficient",
@@ -56,6 +59,7 @@ MECHANISM = Mechanism(
             memory="O(n)",
             requires=(*REQUIRES, FLA_CORE),
             note="FLA's parallel_attn Triton kernel (fla-core); causal only",
+            varlen=fla_varlen.softmax,
         ),
         PathSpec(
             "xformers",
@@ -76,4 +80,5 @@ MECHANISM = Mechanism(
             tolerance=SAGE_TOLERANCE,
         ),
     ),
+    decode=cache_forms(),
 )

@@ -43,6 +43,7 @@ from attnbench.core.errors import AttnbenchError
 from attnbench.core.precision import float32_sums
 from attnbench.core.spec import ExtraInput, Mechanism, Param, PathSpec
 from attnbench.variants.dense import causal_mask, keys_seen, softmax_attention
+from attnbench.variants.softmax_decode import cache_forms, ssmax_scale
 
 #: Spread of ``s`` in test inputs (``make_inputs``): learned values sit around 1/log(L),
 #: 0.1-0.3 for L = 32-4096; a larger spread also tries sharp heads and negative s.
@@ -131,6 +132,7 @@ MECHANISM = Mechanism(
             note="per-(head, row) factor folded into q, SDPA with scale=1; half inputs in float32",
         ),
     ),
+    decode=cache_forms(ssmax_scale, in_float32=True),
     notes="s receives gradient in every layer; trained bidirectionally at one length L, log n is "
     "the constant log L and s acts as a learned temperature until evaluated at other lengths.",
 )

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from attnbench.bench import gate
 from attnbench.bench.compare import compare
 from attnbench.cli import app
+from tests.helpers.gate import fake_grid, git, make_repo
 from tests.helpers.results import grid, write_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,40 +52,10 @@ def test_print_class_and_help():
 # --------------------------------------------------------------------------------------------
 
 
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-c", "user.name=t", "-c", "user.email=t@example.org", *args],
-        cwd=repo, capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return done.stdout.strip()
-
-
 @pytest.fixture
 def repo(tmp_path) -> Path:
     """A git repository of two commits holding suites/ci.toml (what the gate checks out)."""
-    root = tmp_path / "repo"
-    (root / "suites").mkdir(parents=True)
-    git(root, "init", "-q")
-    (root / "suites" / "ci.toml").write_text("# the grid\n")
-    git(root, "add", "suites")
-    git(root, "commit", "-q", "-m", "first")
-    (root / "suites" / "ci.toml").write_text("# the grid, again\n")
-    git(root, "commit", "-q", "-am", "second")
-    return root
-
-
-def fake_grid(monkeypatch, root: Path, slow: dict[str, float] | None) -> list[str]:
-    """Replace the CI grid by synthetic runs: the current code (at ``root``) ``slow``, any
-    other checkout as it was. Returns the folders it was run into, in order."""
-    rng, ran = np.random.default_rng(12), []
-
-    def run_grid(out: Path, code_root: Path) -> tuple[bool, str]:
-        ran.append(out.name)
-        write_run(out, grid(rng, slow if code_root == root else None))
-        return True, ""
-
-    monkeypatch.setattr(gate, "run_grid", run_grid)
-    return ran
+    return make_repo(tmp_path / "repo")
 
 
 def test_the_measured_mode_fails_on_a_slowdown_in_both_pairs(repo, tmp_path, monkeypatch):

@@ -72,7 +72,9 @@ def test_the_command_list_shows_each_summary_whole(columns):
 
 
 @pytest.mark.parametrize("columns", WIDTHS)
-@pytest.mark.parametrize("name", ["check", "compare", "run speed", "run extrapolate", "gate"])
+@pytest.mark.parametrize(
+    "name", ["check", "compare", "run speed", "run extrapolate", "gate", "gpu-check"]
+)
 def test_a_commands_help_is_whole_at_any_width(name, columns):
     """No hard line break inside a paragraph (at 200 columns each one is one line), and no
     option name or help text cut with an ellipsis (at 80 columns the option table is tight)."""

@@ -30,8 +30,8 @@ from attnbench.extrapolation.model.tricks import TRICKS
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = (
     "results/extrapolate/cpu",
-    "results/extrapolate/cpu-before-swiglu",
-    "results/extrapolate/cpu-before-preset",
+    "results/archive/extrapolate/cpu-before-swiglu",
+    "results/archive/extrapolate/cpu-before-preset",
     "results/extrapolate/cpu-families",
 )
 #: The cpu preset: L = 64, 2 heads of 64, windows L/2.

@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The committed tables ``attnbench report`` joins with this suite (results/report/).
 COMMITTED = (
     "results/extrapolate/cpu",
-    "results/extrapolate/cpu-before-swiglu",
-    "results/extrapolate/cpu-before-preset",
+    "results/archive/extrapolate/cpu-before-swiglu",
+    "results/archive/extrapolate/cpu-before-preset",
     "results/extrapolate/cpu-families",
 )
 

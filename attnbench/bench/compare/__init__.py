@@ -14,7 +14,8 @@ dtype, shape, causal, direction). For each matched pair:
      exact distribution without ties up to :data:`EXACT_MAX` rounds a side, else the normal
      approximation with tie and continuity corrections. The test needs enough rounds to reach
      that p at all (7 and 7, 6 and 9, ...; never 3 and 3): with fewer, the case is *not judged*
-     (shown, never failed; a note counts such cases and says how many rounds would do);
+     (shown, never failed; a note counts such cases and says how many rounds would do), unless
+     a results history judges it (``history``: :mod:`.history_rule`);
   2. ``change`` > ``min_effect`` = 1.2 (the reference's own time ``ref_time_ratio`` = 1.4),
      taken relative to what moved the case's whole group (below);
   3. **it moved beyond the noise of the comparison** (below) by ``CORROBORATED_Z`` = 2 sigma,

@@ -11,6 +11,7 @@ import pandas as pd
 
 from attnbench.bench.compare.decision import Timing, judge
 from attnbench.bench.compare.records import Limits, Line, Thresholds
+from attnbench.bench.export import inference_tag
 from attnbench.bench.results import CaseSamples, row_key
 from attnbench.bench.results import plain as _plain
 from attnbench.bench.thresholds import DETERMINISTIC_MEMORY, MACHINE_COLUMNS, WORK_METRIC
@@ -23,7 +24,7 @@ def group_of(row: Mapping[str, Any]) -> str:
     tag = "causal" if row["causal"] else "bidir"
     return (
         f"{row['direction']} {tag} n={row['seq_len']} B{row['batch']} H{row['heads']} "
-        f"D{row['head_dim']} {row['dtype']}"
+        f"D{row['head_dim']} {row['dtype']}{inference_tag(row)}"
     )
 
 
@@ -32,7 +33,7 @@ def label_of(row: Mapping[str, Any]) -> str:
     params = f" [{row['params']}]" if row["params"] else ""
     return (
         f"{row['mechanism']}:{row['path']}{params} {row['direction']} {tag} n={row['seq_len']} "
-        f"B{row['batch']} H{row['heads']} D{row['head_dim']} {row['dtype']}"
+        f"B{row['batch']} H{row['heads']} D{row['head_dim']} {row['dtype']}{inference_tag(row)}"
     )
 
 

@@ -22,6 +22,7 @@ from attnbench.bench.compare.cases import (
     work_timing,
 )
 from attnbench.bench.compare.decision import NOT_JUDGED, weigh_noise
+from attnbench.bench.compare.history_rule import judge_by_history
 from attnbench.bench.compare.records import Comparison, Line, Noise, Thresholds
 from attnbench.bench.compare.statistics import limits_for, smallest_p, too_noisy
 from attnbench.bench.results import read_results, read_samples, read_sidecar
@@ -34,17 +35,19 @@ def compare(
     baseline: Path,
     thresholds: Thresholds | None = None,
     confirm: Sequence[Path] = (),
+    history: Path | None = None,
 ) -> Comparison:
     """Compare two results CSVs (see :mod:`attnbench.bench.compare`); ``confirm``: re-runs of
-    the same grid that a regression must repeat in. Raises AttnbenchError on bad input (re-runs
-    included, whether or not they are needed)."""
+    the same grid that a regression must repeat in; ``history``: a results history folder that
+    judges the cases with too few rounds for the U test (:mod:`.history_rule`). Raises
+    AttnbenchError on bad input (re-runs included, whether or not they are needed)."""
     th = thresholds or Thresholds()
     current, baseline, confirm = Path(current), Path(baseline), [Path(p) for p in confirm]
     for path in confirm:
         read_measured(path, lambda _: None)
-    out = _compare(current, baseline, th)
+    out = _compare(current, baseline, th, history)
     if confirm and (out.count("worse") or out.count("suspect")):
-        reruns = [_compare(path, baseline, th) for path in confirm]
+        reruns = [_compare(path, baseline, th, history) for path in confirm]
         for path, rerun in zip(confirm, reruns, strict=True):
             if rerun.compared == 0:
                 why = "; ".join(rerun.warnings) or "no case in common"
@@ -200,7 +203,7 @@ def _samples_notes(paths: Sequence[Path], kept: Sequence[dict | None], th: Thres
     ]
 
 
-def _compare(current: Path, baseline: Path, th: Thresholds) -> Comparison:
+def _compare(current: Path, baseline: Path, th: Thresholds, history: Path | None) -> Comparison:
     out = Comparison(current=current, baseline=baseline, thresholds=th)
     warn = out.warnings.append
     cur_df, base_df = read_measured(current, warn), read_measured(baseline, warn)
@@ -232,6 +235,8 @@ def _compare(current: Path, baseline: Path, th: Thresholds) -> Comparison:
         if any(line.verdict != "not run" for line in lines):
             out.compared += 1
     out.lines = weigh_noise(out.lines, out.limits)
+    if history is not None:
+        judge_by_history(out, current, cur, history)
     _unmatched(out, cur, base)
     _few_rounds_note(out)
     out.notes.extend(noise_notes(out.limits.noise))

@@ -101,6 +101,10 @@ class Limits:
         )
 
 
+#: The ``test`` of a line judged against the results history (:mod:`.history_rule`).
+HISTORY_RULE = "history rule"
+
+
 @dataclass(frozen=True)
 class Line:
     """One compared quantity of one case."""
@@ -115,7 +119,7 @@ class Line:
     )
     note: str = ""
     p_value: float | None = None  # the U test's one-sided p (current slower), when tested
-    test: str = ""  # "U test 9+9 rounds" | "threshold rule" | "" (not a timed quantity)
+    test: str = ""  # "U test 9+9 rounds" | "threshold rule" | "history rule, 12 commits" | ""
     impl: str = ""  # mechanism:path (what corroborates a time line)
     group: str = ""  # the cases timed in the same rounds (what is centred together)
 
@@ -156,6 +160,9 @@ class Comparison:
         for v in ("unconfirmed", "suspect", "better", "new", "missing", "not judged"):
             if self.count(v):
                 parts.append(f"{self.count(v)} {v}")
+        by_history = {line.case for line in self.lines if line.test.startswith(HISTORY_RULE)}
+        if by_history:
+            parts.append(f"{len(by_history)} judged by the {HISTORY_RULE}")
         return f"{verdict} ({', '.join(parts)})"
 
     def describe(self) -> str:

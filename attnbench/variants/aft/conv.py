@@ -183,6 +183,7 @@ MECHANISM = Mechanism(
         ),
     ),
     causal=False,
+    no_decode="decoding is causal, and AFT-conv is defined for images only (no causal form)",
     check_inputs=check_elementwise,
     flops=flops,
     layer=aft_layer(layer_init, same_at_every_length),

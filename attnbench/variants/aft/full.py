@@ -54,6 +54,7 @@ from attnbench.core import sources
 from attnbench.core.precision import float32_sums
 from attnbench.core.spec import ExtraInput, Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.variants.aft.common import as_features, check_elementwise, from_features
+from attnbench.variants.aft.decode import FULL
 from attnbench.variants.aft.dense import aft_dense
 from attnbench.variants.aft.layer import aft_layer
 from attnbench.variants.aft.softmax_sums import (
@@ -256,6 +257,7 @@ MECHANISM = Mechanism(
     ),
     check_inputs=check_elementwise,
     flops=flops,
+    decode=(FULL,),
     layer=aft_layer(layer_init, layer_at_length),
     time="O(n^2 d)",
     memory="O(n^2 + n d) (the bias itself is n^2)",

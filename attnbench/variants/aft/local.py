@@ -33,6 +33,7 @@ from attnbench.core import sources
 from attnbench.core.precision import float32_sums
 from attnbench.core.spec import ExtraInput, Mechanism, PathSpec, Shape, positive_int
 from attnbench.variants.aft.common import check_elementwise
+from attnbench.variants.aft.decode import LOCAL
 from attnbench.variants.aft.dense import aft_dense, band_to_dense
 from attnbench.variants.aft.layer import aft_layer
 from attnbench.variants.aft.softmax_sums import (
@@ -124,6 +125,7 @@ MECHANISM = Mechanism(
     ),
     check_inputs=check_elementwise,
     flops=flops,
+    decode=(LOCAL,),
     layer=aft_layer(layer_init, layer_at_length),
     time="O(n s d)",
     memory="O(n s d)",

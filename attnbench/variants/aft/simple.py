@@ -21,6 +21,7 @@ from attnbench.core import sources
 from attnbench.core.precision import float32_sums
 from attnbench.core.spec import Mechanism, PathSpec, Shape
 from attnbench.variants.aft.common import check_elementwise
+from attnbench.variants.aft.decode import SIMPLE
 from attnbench.variants.aft.dense import aft_dense
 from attnbench.variants.aft.layer import aft_layer, no_bias, same_at_every_length
 from attnbench.variants.aft.softmax_sums import average, leaves, prefix_scan
@@ -64,6 +65,7 @@ MECHANISM = Mechanism(
     ),
     check_inputs=check_elementwise,
     flops=flops,
+    decode=(SIMPLE,),
     layer=aft_layer(no_bias, same_at_every_length),
     time="O(n d)",
     memory="O(n d)",

@@ -35,7 +35,9 @@ from attnbench.core import sources
 from attnbench.core.capabilities import FLA_CORE
 from attnbench.core.spec import Mechanism, Param, PathSpec, Shape, positive_int
 from attnbench.kernels.triton_ops import REQUIRES, fused_path
+from attnbench.libraries import fla_varlen
 from attnbench.libraries.fla import FORMS
+from attnbench.variants.retention import decode
 from attnbench.variants.retention.chunkwise import chunkwise
 from attnbench.variants.retention.decay import NORMALIZATIONS
 from attnbench.variants.retention.fused import fla_form, triton
@@ -98,12 +100,14 @@ MECHANISM = Mechanism(
                 memory="O(n d) (chunk: O(n d^2 / 64) states)" if form == "chunk" else "O(n d)",
                 requires=(*REQUIRES, FLA_CORE),
                 note=f"FLA's {form} retention kernel (fla-core); normalize=none only",
+                varlen=fla_varlen.retention(form),
             )
             for form in FORMS
         ),
     ),
     bidirectional=False,
     flops=flops,
+    decode=decode.DECODE,
     layer=MultiScaleRetention,
     time="O(n chunk d + n d^2)",
     memory="O(n chunk + n d^2 / chunk)",

@@ -20,6 +20,7 @@ from torch import Tensor
 from attnbench.core import sources
 from attnbench.core.spec import positive_int
 from attnbench.variants.sparse.common import masked_reference, residue_count
+from attnbench.variants.sparse.decode import atrous_keys, gather_form
 from attnbench.variants.sparse.engine import Part, Residue
 from attnbench.variants.sparse.executor import attend
 from attnbench.variants.sparse.record import sparse_mechanism
@@ -64,4 +65,5 @@ MECHANISM = sparse_mechanism(
     flex_note="FlexAttention; r < 256 leaves no 128-block empty: dense work",
     time="O(n^2 d / r)",
     memory="O(n^2 / r)",
+    decode=(gather_form(atrous_keys),),
 )

@@ -34,6 +34,7 @@ from torch import Tensor
 from attnbench.core import sources
 from attnbench.core.spec import Param, positive_int
 from attnbench.variants.sparse.common import masked_reference
+from attnbench.variants.sparse.decode import NO_DECODE_BIGBIRD
 from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part, ceil_div
 from attnbench.variants.sparse.executor import attend
 from attnbench.variants.sparse.record import sparse_mechanism
@@ -221,4 +222,5 @@ MECHANISM = sparse_mechanism(
     flex_note="FlexAttention, window ∪ global ∪ random blocks as a BlockMask",
     time="O(n b (w + 2g + r) d)",
     memory="O(n b (w + 2g + r))",
+    no_decode=NO_DECODE_BIGBIRD,
 )

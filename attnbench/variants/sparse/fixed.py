@@ -21,6 +21,7 @@ from torch import Tensor
 from attnbench.core import sources
 from attnbench.core.spec import positive_int
 from attnbench.variants.sparse.common import masked_reference, rows
+from attnbench.variants.sparse.decode import fixed_keys, gather_form
 from attnbench.variants.sparse.engine import Band, Blocks, Full, Indexed, Part
 from attnbench.variants.sparse.executor import attend
 from attnbench.variants.sparse.record import sparse_mechanism
@@ -96,4 +97,5 @@ MECHANISM = sparse_mechanism(
     flex_note="FlexAttention, own block ∪ summary columns as a BlockMask",
     time="O(n (s + n c/s) d)",
     memory="O(n (s + n c/s))",
+    decode=(gather_form(fixed_keys),),
 )

@@ -22,10 +22,12 @@ from attnbench.core import sources
 from attnbench.core.capabilities import CUDA, FLA_CORE, LOCAL_ATTENTION, XFORMERS
 from attnbench.core.spec import PathSpec, positive_int
 from attnbench.kernels.triton_ops import REQUIRES
+from attnbench.libraries import fla_varlen
 from attnbench.libraries.fla import softmax_attention as fla_softmax
 from attnbench.libraries.local_attention import local_attention
 from attnbench.libraries.xformers import memory_efficient
 from attnbench.variants.sparse.common import band_block, masked_reference, window_count
+from attnbench.variants.sparse.decode import gather_form, local_keys
 from attnbench.variants.sparse.engine import Band, Blocks, Part, ceil_div
 from attnbench.variants.sparse.executor import attend
 from attnbench.variants.sparse.record import sparse_mechanism
@@ -91,6 +93,7 @@ MECHANISM = sparse_mechanism(
             memory="O(n * window)",
             requires=(*REQUIRES, FLA_CORE),
             note="FLA's parallel_attn with window_size = window + 1 (fla-core); causal only",
+            varlen=fla_varlen.local,
         ),
         PathSpec(
             "xformers",
@@ -101,4 +104,5 @@ MECHANISM = sparse_mechanism(
             note="xFormers' memory_efficient_attention, LocalAttentionFromBottomRightMask",
         ),
     ),
+    decode=(gather_form(local_keys),),
 )

@@ -32,6 +32,7 @@ work the definition does, i.e. each branch's pairs (with multiplicity).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -42,6 +43,7 @@ from attnbench.core import sources
 from attnbench.core.spec import Param, Shape
 from attnbench.kernels.flex import ScoreMod
 from attnbench.variants.dense import softmax_attention
+from attnbench.variants.sparse.decode import gather_form
 from attnbench.variants.sparse.engine import Dilated, Part
 from attnbench.variants.sparse.executor import attend
 from attnbench.variants.sparse.record import sparse_mechanism
@@ -198,6 +200,18 @@ def log_multiplicity(n: int, causal: bool, params: Mapping[str, Any]) -> ScoreMo
     return score_mod
 
 
+def longnet_keys(pos: Tensor, params: Mapping[str, Any]) -> Tensor:
+    """For each branch (w, r) keeping i, the kept keys of i's segment up to i; a key of several
+    branches listed once per branch (its weight in the mechanism)."""
+    parts = []
+    for w, r in normalize(params["segments"]):
+        start = (pos // w) * w
+        keeps = (pos % w) % r == 0
+        idx = start[:, None] + r * torch.arange(math.ceil(w / r), device=pos.device)[None, :]
+        parts.append(torch.where(keeps[:, None] & (idx <= pos[:, None]), idx, -1))
+    return torch.cat(parts, dim=1)
+
+
 MECHANISM = sparse_mechanism(
     name="longnet",
     description="LongNet dilated attention: (segment w, dilation r) branches, lse-weighted",
@@ -225,4 +239,5 @@ MECHANISM = sparse_mechanism(
     flops=flops,
     time="O(n sum(w/r^2) d)",
     memory="O(n sum(w/r^2))",
+    decode=(gather_form(longnet_keys),),
 )

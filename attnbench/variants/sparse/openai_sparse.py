@@ -22,6 +22,7 @@ from torch import Tensor
 from attnbench.core import sources
 from attnbench.core.spec import positive_int
 from attnbench.variants.sparse.common import band_and_residue_count, band_block, masked_reference
+from attnbench.variants.sparse.decode import gather_form, sparse_keys
 from attnbench.variants.sparse.engine import Band, Blocks, Part, Residue, ceil_div
 from attnbench.variants.sparse.executor import attend
 from attnbench.variants.sparse.record import sparse_mechanism
@@ -84,4 +85,5 @@ MECHANISM = sparse_mechanism(
     flex_note="FlexAttention, band ∪ residue rule as a cached BlockMask",
     time="O(n (w + n/r) d)",
     memory="O(n (w + n/r))",
+    decode=(gather_form(sparse_keys),),
 )

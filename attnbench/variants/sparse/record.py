@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import Tensor
 
+from attnbench.core.decode import DecodePath
 from attnbench.core.sources import Source
 from attnbench.core.spec import Mechanism, Param, PathSpec, Shape
 from attnbench.kernels.flex import ScoreModBuilder, flex_fused
@@ -43,9 +44,12 @@ def sparse_mechanism(
     check_params: Callable[[Mapping[str, Any]], str | None] | None = None,
     flops: Callable[[Shape, bool, Mapping[str, Any]], int] | None = None,
     more_paths: tuple[PathSpec, ...] = (),
+    decode: tuple[DecodePath, ...] = (),
+    no_decode: str = "",
 ) -> Mechanism:
     """A sparse mechanism's :class:`Mechanism`: reference, efficient and flex paths, then
-    ``more_paths``; ``visible`` and ``pair_count`` as given."""
+    ``more_paths``; ``visible`` and ``pair_count`` as given; its decode forms
+    (:mod:`attnbench.variants.sparse.decode`), or why it has none."""
     return Mechanism(
         name=name,
         family="sparse",
@@ -66,4 +70,6 @@ def sparse_mechanism(
         flops=flops,
         time=time,
         memory=memory,
+        decode=decode,
+        no_decode=no_decode,
     )

@@ -18,6 +18,7 @@ from torch import Tensor
 from attnbench.core import sources
 from attnbench.core.spec import positive_int
 from attnbench.variants.sparse.common import band_and_residue_count, masked_reference
+from attnbench.variants.sparse.decode import gather_form, strided_keys
 from attnbench.variants.sparse.openai_sparse import band_plus_residue
 from attnbench.variants.sparse.record import sparse_mechanism
 
@@ -61,4 +62,5 @@ MECHANISM = sparse_mechanism(
     flex_note="FlexAttention, band ∪ residue rule as a cached BlockMask",
     time="O(n (s + n/s) d)",
     memory="O(n (s + n/s))",
+    decode=(gather_form(strided_keys),),
 )
