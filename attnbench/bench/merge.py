@@ -44,8 +44,9 @@ from attnbench.runtime.outputs import refuse_to_replace, write_csv, write_text
 from attnbench.runtime.portable import portable
 
 EXTRAPOLATE_HINT = (
-    "extrapolation runs are not merged: their shards share one --checkpoints folder, and "
-    "`attnbench run extrapolate --eval-only` with the same options evaluates them all"
+    "a sharded extrapolation run is not merged: its shards share one --checkpoints folder, and "
+    "`attnbench run extrapolate --eval-only` with the same options evaluates them all; finished "
+    "runs' tables are joined by `attnbench merge LABEL=RUN ... --rows ... --seeds ...`"
 )
 
 

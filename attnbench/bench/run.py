@@ -118,15 +118,8 @@ def run_speed(
     AttnbenchError only for bad input, before anything runs. ``unit``: run only that unit of
     the sweep (:mod:`attnbench.bench.units`), its rows only."""
     progress = progress or Silent()
-    mechanisms = list(mechanisms if mechanisms is not None else registry.MECHANISMS)
     device = suite.torch_device()
-    refused = gpu_only_options(suite.timing, device)
-    if refused:
-        raise AttnbenchError(refused)
-    groups = plan(suite, mechanisms)
-    ref = reference_pair(suite, mechanisms)
-    if unit is not None:
-        groups = unit_groups(groups, unit, ref)
+    groups, ref = _planned(suite, mechanisms, device, unit)
     csv_path, side_path = out_dir / CSV_NAME, out_dir / SIDECAR_NAME
     previous = _previous_rows(csv_path) if resume else []
     if previous:
@@ -188,6 +181,25 @@ def run_speed(
     run.warnings = caught.count
     run.warnings_file = caught.path if caught.count else None
     return run
+
+
+def _planned(
+    suite: SpeedSuite,
+    mechanisms: Sequence[Mechanism] | None,
+    device: torch.device,
+    unit: Unit | None,
+) -> tuple[list, Any]:
+    """The sweep's groups (only ``unit``'s, when given) and its reference pair; a timing option
+    this device cannot honour is refused first."""
+    refused = gpu_only_options(suite.timing, device)
+    if refused:
+        raise AttnbenchError(refused)
+    mechanisms = list(mechanisms if mechanisms is not None else registry.MECHANISMS)
+    groups = plan(suite, mechanisms)
+    ref = reference_pair(suite, mechanisms)
+    if unit is not None:
+        groups = unit_groups(groups, unit, ref)
+    return groups, ref
 
 
 def run_title(suite: SpeedSuite, device: torch.device, threads: int) -> str:

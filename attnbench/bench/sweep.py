@@ -1,4 +1,7 @@
-"""Running a speed sweep unit by unit (:mod:`attnbench.bench.units`), on this machine or on Ray.
+"""Running a speed sweep unit by unit (:mod:`attnbench.bench.units`), on this machine or on Ray,
+through the runtime's one way to run units (:func:`attnbench.runtime.execute.run_units`): this
+module says what one unit does (:func:`_unit`, :func:`_ray_unit`) and what its end leaves (its
+folder and record: :func:`_record_end`).
 
 Each unit runs in a worker process, never in the process that drives the sweep: a unit that
 crashes (a segfault, a sticky CUDA error, an ``exit``) fails only itself. A failed unit is retried
@@ -12,8 +15,6 @@ Executors:
 - ``ray``: one Ray task per unit (``num_gpus=1`` on a GPU, so two timings never share a GPU; the
   unit's threads as ``num_cpus`` on a CPU). Each task runs in a scratch folder of its node and
   returns its files to this process, so the nodes need no shared file system.
-
-Fault injection for the tests: :mod:`attnbench.runtime.engines`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import json
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,18 +48,10 @@ from attnbench.bench.units import (
 )
 from attnbench.core.errors import AttnbenchError
 from attnbench.measure import machine
-from attnbench.runtime.engines import (
-    check_executor,
-    check_fits,
-    check_ray_address,
-    died_reason,
-    inject_fault,
-    ray_session,
-    require_ray,
-)
+from attnbench.runtime.engines import check_executor, check_ray_address, require_ray
+from attnbench.runtime.execute import Executor, UnitEnd, Work, run_units
 from attnbench.runtime.outputs import remove_stale, write_failed
-from attnbench.runtime.processes import WorkerProcess
-from attnbench.runtime.ray_tasks import error_reason, tasks_with_one_retry
+from attnbench.runtime.ray_tasks import error_reason
 from attnbench.runtime.units import shard_units
 
 
@@ -103,7 +96,6 @@ def run_unit(suite, index: int, unit_id: str, out: Path, attempt: int,
             f"unit {index} here is {unit.id if unit else 'missing'}, not {unit_id}: this "
             "process's attnbench or registry differs from the driver's"
         )
-    inject_fault(unit.id, attempt == 1)
     staging = staging_dir(out, unit)
     staging.mkdir(parents=True)
     try:
@@ -144,20 +136,21 @@ def _run_staged(suite, unit: Unit, staging: Path, attempt: int, mechanisms) -> d
     return rec
 
 
-def _run_unit_job(job: tuple[int, str, int], suite, out: Path) -> dict[str, Any]:
-    """A worker process's job: one unit. An error fails the unit, and the sweep goes on."""
-    index, unit_id, attempt = job
+def _unit(unit: Unit, attempt: int, suite, out: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """A worker process's unit, run into ``out``: its record (and no files: the unit published
+    its own folder). An error fails the unit, and the sweep goes on."""
     try:
-        return run_unit(suite, index, unit_id, out, attempt)
+        return run_unit(suite, unit.index, unit.id, out, attempt), {}
     except Exception as e:  # a bug or bad state: the unit fails (in a fresh process next)
         from attnbench.bench.failures import one_line
 
-        return {"status": "failed", "reason": one_line(e), "exit_code": 1, "restart": True}
+        return {"status": "failed", "reason": one_line(e), "exit_code": 1, "restart": True}, {}
 
 
-def _local_worker(suite, out: Path) -> WorkerProcess:
-    """One spawned process that runs units one after another; the driver decides Ctrl-C."""
-    return WorkerProcess(_run_unit_job, (suite, out), ignore_sigint=True, report=Exception)
+def _failed(result: tuple[dict[str, Any], dict[str, str]]) -> str | None:
+    """Why a unit's record says it failed (None: it did not)."""
+    rec = result[0]
+    return None if rec["status"] == "ok" else rec.get("reason", "failed")
 
 
 def _failed_record(unit: Unit, attempts: int, exit_code: int | None, reason: str) -> dict:
@@ -229,15 +222,59 @@ def run_sweep(
         f" with the {executor} executor, into {out / UNITS_DIR}")  # fmt: skip
     started = time.perf_counter()
     try:
-        if executor == "ray":
-            with ray_session(ray_address, log) as ray:
-                _run_on_ray(ray, suite, out, todo, outcome, log)
-        else:
-            _run_locally(suite, out, todo, outcome, log)
+        _run_units(suite, out, todo, outcome, executor, ray_address, log)
     except KeyboardInterrupt:
         outcome.interrupted = True
     outcome.wall_s = time.perf_counter() - started
     return outcome
+
+
+def _run_units(suite, out: Path, todo, outcome: SweepOutcome, executor: str,
+               ray_address: str | None, log) -> None:  # fmt: skip
+    """Run the units ``todo`` with ``executor``, recording each end in ``outcome`` and ``out``."""
+    work = Work(_unit, (suite, out), remote_fn=_ray_unit, failed=_failed, unit_id=_unit_id,
+                reason_of=_ray_error)  # fmt: skip
+    where = Executor(executor, keep_workers=True, driver_stops=True, report=Exception,
+                     ray_address=ray_address,
+                     resources=_ray_resources(suite) if executor == "ray" else {})  # fmt: skip
+    try:
+        run_units(
+            todo,
+            work,
+            where,
+            lambda end: _record_end(end, out, outcome, log),
+            on_retry=lambda end: log(
+                f"{end.job.id}: {end.reason}; retrying once in a fresh process"
+            ),  # fmt: skip
+            log=log,
+        )
+    finally:
+        if executor == "local":  # a worker killed halfway leaves its staging folder
+            with contextlib.suppress(OSError):  # never in place of the error that got here
+                remove_stale(out / UNITS_DIR)
+
+
+def _unit_id(unit: Unit) -> str:
+    return unit.id
+
+
+def _record_end(end: UnitEnd, out: Path, outcome: SweepOutcome, log) -> None:
+    """A unit's final end: its folder published (a Ray task's files written here), or a folder
+    holding only its failed record; the record kept in ``outcome`` and a progress line."""
+    unit = end.job
+    if end.died or end.error is not None:
+        rec, files = _failed_record(unit, end.attempt, end.exit_code, end.reason), {}
+    else:
+        rec, files = end.result
+        if rec["status"] != "ok":
+            rec = _failed_record(unit, end.attempt, rec.get("exit_code"), rec.get("reason", ""))
+    if rec["status"] == "ok":
+        if files:
+            _publish_files(out, unit, files)
+    else:
+        _keep_failure(out, unit, rec)
+    outcome.records[unit.id] = rec
+    log(_progress(end, unit, rec))
 
 
 def _remove_stale(out: Path, log) -> None:
@@ -249,45 +286,10 @@ def _remove_stale(out: Path, log) -> None:
             f"run: {', '.join(p.name for p in stale)}")  # fmt: skip
 
 
-def _progress(outcome: SweepOutcome, total: int, running: int, unit: Unit, rec: dict) -> str:
-    done = sum(1 for r in outcome.records.values() if r["status"] == "ok")
-    failed = len(outcome.failed)
+def _progress(end: UnitEnd, unit: Unit, rec: dict) -> str:
     how = "ok" if rec["status"] == "ok" else f"FAILED: {rec.get('reason', '')}"
     extra = f", {rec['wall_s']:.0f} s" if rec.get("wall_s") is not None else ""
-    return (f"[{done} done, {running} running, {failed} failed of {total}] {unit.id}: "
-            f"{how}{extra}")  # fmt: skip
-
-
-def _run_locally(suite, out: Path, todo: Sequence[Unit], outcome: SweepOutcome, log) -> None:
-    worker = None
-    try:
-        for n, unit in enumerate(todo):
-            rec: dict[str, Any] = {}
-            for attempt in (1, 2):
-                worker = worker or _local_worker(suite, out)
-                kind, value = worker.run((unit.index, unit.id, attempt))
-                if kind == "died":
-                    worker = None
-                    rec = _failed_record(unit, attempt, value, died_reason(value))
-                else:
-                    rec = value
-                if rec["status"] == "ok":
-                    break
-                if worker is not None:  # a fresh process for the retry, and after a failure
-                    worker.stop(kill=True)
-                    worker = None
-                if attempt == 1:
-                    log(f"{unit.id}: {rec.get('reason')}; retrying once in a fresh process")
-            if rec["status"] != "ok":
-                rec = _failed_record(unit, 2, rec.get("exit_code"), rec.get("reason", ""))
-                _keep_failure(out, unit, rec)
-            outcome.records[unit.id] = rec
-            log(_progress(outcome, len(todo), 0 if n + 1 == len(todo) else 1, unit, rec))
-    finally:
-        if worker is not None:
-            worker.stop()  # it may have been killed halfway: its staging folder goes too
-            with contextlib.suppress(OSError):  # never in place of the error that got here
-                remove_stale(out / UNITS_DIR)
+    return f"{end.tally()} {unit.id}: {how}{extra}"
 
 
 # --------------------------------------------------------------------------------------------
@@ -295,12 +297,12 @@ def _run_locally(suite, out: Path, todo: Sequence[Unit], outcome: SweepOutcome, 
 # --------------------------------------------------------------------------------------------
 
 
-def _ray_unit(suite, index: int, unit_id: str, attempt: int) -> tuple[dict, dict[str, str]]:
-    """A Ray task: run the unit in a scratch folder of this node; return its record and files
-    (so the driver's node writes them, and no shared file system is needed)."""
+def _ray_unit(unit: Unit, attempt: int, suite, out: Path) -> tuple[dict, dict[str, str]]:
+    """A Ray task: run the unit in a scratch folder of this node (not ``out``, which the node may
+    not see); return its record and files, which the driver writes (no shared file system)."""
     scratch = Path(tempfile.mkdtemp(prefix="attnbench-unit-"))
     try:
-        rec = run_unit(suite, index, unit_id, scratch, attempt)
+        rec = run_unit(suite, unit.index, unit.id, scratch, attempt)
         files = {}
         if rec["status"] == "ok":
             folder = scratch / UNITS_DIR / rec["unit"]
@@ -314,32 +316,6 @@ def _ray_resources(suite) -> dict[str, float]:
     if suite.torch_device().type == "cuda":
         return {"num_gpus": 1, "num_cpus": 1}
     return {"num_cpus": suite.thread_count(), "num_gpus": 0}
-
-
-def _run_on_ray(ray, suite, out: Path, todo, outcome: SweepOutcome, log) -> None:
-    resources = _ray_resources(suite)
-    check_fits(ray, resources)
-    ends = tasks_with_one_retry(
-        ray,
-        _ray_unit,
-        todo,
-        lambda unit, attempt: (suite, unit.index, unit.id, attempt),
-        resources,
-        failed=lambda result: None if result[0]["status"] == "ok" else result[0].get("reason"),
-        on_retry=lambda unit, why: log(f"{unit.id}: {why}; retrying once in a fresh process"),
-    )
-    for end in ends:
-        unit = end.job
-        if end.error is not None:
-            rec, files = _failed_record(unit, end.attempt, None, _ray_error(end.error)), {}
-        else:
-            rec, files = end.result
-        if rec["status"] == "ok":
-            _publish_files(out, unit, files)
-        else:
-            _keep_failure(out, unit, rec)
-        outcome.records[unit.id] = rec
-        log(_progress(outcome, len(todo), end.pending, unit, rec))
 
 
 def _publish_files(out: Path, unit: Unit, files: dict[str, str]) -> None:

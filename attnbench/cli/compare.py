@@ -174,13 +174,8 @@ def compare_cmd(
     """
     if output_format not in FORMATS:
         raise AttnbenchError(f"--format {output_format!r}: accepted: {', '.join(FORMATS)}")
-    from attnbench.bench.results import files_read
-    from attnbench.runtime.outputs import refuse_to_replace
-
     if markdown_file is not None:
-        given = [csv for csv in (current, baseline, *(confirm or ())) if csv is not None]
-        read = [f for csv in given for f in files_read(csv)]
-        refuse_to_replace([markdown_file], option="--markdown", inputs=read, overwrite=overwrite)
+        _refuse_markdown(markdown_file, [current, baseline, *(confirm or ())], overwrite)
     if peer or baseline is None:
         _peer_view(current, baseline, peer or [], peer_n, peer_causal, markdown_file, output_format)
         return
@@ -207,6 +202,16 @@ def compare_cmd(
     _print_messages(result)
     out.print(f"attnbench compare: {result.headline()}", soft_wrap=True)
     raise typer.Exit(result.exit_code)
+
+
+def _refuse_markdown(markdown_file: Path, csvs: list[Path | None], overwrite: bool) -> None:
+    """--markdown never replaces what the command reads, nor an existing file without
+    --overwrite."""
+    from attnbench.bench.results import files_read
+    from attnbench.runtime.outputs import refuse_to_replace
+
+    read = [f for csv in csvs if csv is not None for f in files_read(csv)]
+    refuse_to_replace([markdown_file], option="--markdown", inputs=read, overwrite=overwrite)
 
 
 def _peer_view(

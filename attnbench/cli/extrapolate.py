@@ -10,12 +10,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attnbench.cli.common import Choice, err, fail, out, parse_params
+from attnbench.cli.extrapolate_sweep import (
+    SweepCostOption,
+    SweepOnlyOption,
+    SweepOption,
+    run_sweep,
+)
 from attnbench.core.errors import AttnbenchError
 from attnbench.runtime.interrupts import Stopped
 
 if TYPE_CHECKING:  # torch and the library are imported inside the commands (fast --help)
-    from attnbench.extrapolation.config import ExtrapConfig
-    from attnbench.extrapolation.plan import RunOptions
+    from attnbench.extrapolation.experiment.config import ExtrapConfig
+    from attnbench.extrapolation.experiment.plan import RunOptions
 
 
 class Executor(Choice):
@@ -240,6 +246,9 @@ def extrapolate(
     ray_address: RayAddressOption = None,
     shard: ShardOption = None,
     list_units: ListUnitsOption = False,
+    sweep: SweepOption = None,
+    sweep_only: SweepOnlyOption = None,
+    sweep_cost: SweepCostOption = None,
 ) -> None:
     """Train a byte-level MLM encoder at one length and measure accuracy at longer ones.
 
@@ -251,13 +260,18 @@ def extrapolate(
 
     Several GPUs: torchrun --nproc_per_node G -m attnbench run extrapolate --train-only ...
 
+    A sweep of configurations: --sweep NAME (each candidate's run, then a table).
+
     Example: [bold]attnbench run extrapolate --seeds 3 --impl local --out results/x[/bold]
     """
-    from attnbench.extrapolation.run import run_extrapolate
-    from attnbench.extrapolation.train import Interrupted
+    if sweep is not None:
+        run_sweep(ctx.params)
+        return
+    if sweep_only is not None or sweep_cost is not None:
+        raise fail("--sweep-only and --sweep-cost go with --sweep NAME")
 
     if tensorboard is not None:
-        from attnbench.extrapolation.curves import require_tensorboard
+        from attnbench.extrapolation.training.curves import require_tensorboard
 
         require_tensorboard()
     # The options of CONFIG_FIELDS reach the config through ctx.params (every parameter's value).
@@ -267,7 +281,16 @@ def extrapolate(
     opts = _run_options(cfg, ctx.params)
     if list_units:
         _print_units(cfg, opts)
-        return
+    else:
+        _run(cfg, opts)
+
+
+def _run(cfg: ExtrapConfig, opts: RunOptions) -> None:
+    """The run, its table printed (none after --train-only: its last line said where the
+    checkpoints are); Ctrl-C during a training said as every interrupt is."""
+    from attnbench.extrapolation.experiment.run import run_extrapolate
+    from attnbench.extrapolation.training.loop import Interrupted
+
     _refuse_to_replace(opts)
     try:
         result = run_extrapolate(cfg, opts)
@@ -275,7 +298,7 @@ def extrapolate(
         raise Stopped(
             f"at step {e.step}/{e.total}", f"checkpoint {e.path}; continue with --resume"
         ) from None
-    if opts.train_only:  # no table: the run's last line said where the checkpoints are
+    if opts.train_only:
         return
     out.print(result.table, markup=False, highlight=False)
     err.print(f"wrote {result.out}", markup=False, highlight=False)
@@ -284,7 +307,7 @@ def extrapolate(
 def _config(preset: str, params: Mapping[str, Any], settings: list[str] | None) -> ExtrapConfig:
     """The preset, with the config options given and then every --set SECTION.FIELD=VALUE
     merged over it, then checked (an error names the option that set the value)."""
-    from attnbench.extrapolation.config import load_preset
+    from attnbench.extrapolation.experiment.config import load_preset
     from attnbench.runtime.tomlconfig import Setting, parse_settings
 
     options = {field: name for name, field in CONFIG_FIELDS.items()}
@@ -299,7 +322,7 @@ def _refuse_to_replace(opts: RunOptions) -> None:
     """A run that trains afresh (no --resume, --eval-only or --train-only) into an --out that
     holds another run's results: refused unless --overwrite. A resumed or re-evaluated run
     writes its own results again."""
-    from attnbench.extrapolation.results import CSV_NAME, SIDECAR_NAME, TABLE_NAME
+    from attnbench.extrapolation.experiment.results import CSV_NAME, SIDECAR_NAME, TABLE_NAME
     from attnbench.runtime.outputs import refuse_to_replace
 
     if opts.resume or opts.eval_only or opts.train_only:
@@ -316,7 +339,7 @@ def _run_options(cfg: ExtrapConfig, params: Mapping[str, Any]) -> RunOptions:
     """How to run (everything that is not the config): a RunOptions from the command's
     parameters (``--shard`` implies ``--train-only``)."""
     from attnbench.cli.progress import default_progress
-    from attnbench.extrapolation.plan import RunOptions
+    from attnbench.extrapolation.experiment.plan import RunOptions
     from attnbench.runtime.engines import parse_shard
 
     shard = parse_shard(params["shard"]) if params["shard"] is not None else None
@@ -341,7 +364,7 @@ def _run_options(cfg: ExtrapConfig, params: Mapping[str, Any]) -> RunOptions:
 
 def _print_units(cfg: ExtrapConfig, opts: RunOptions) -> None:
     """``--list-units``: the run's units as JSON on stdout."""
-    from attnbench.extrapolation.plan import list_units
+    from attnbench.extrapolation.experiment.plan import list_units
 
     opts.check()
     typer.echo(json.dumps([u.as_dict(opts.shard) for u in list_units(cfg, opts)], indent=1))
@@ -386,8 +409,9 @@ def entropy(
 
     Example: [bold]attnbench run entropy --max-n 1024[/bold]
     """
-    from attnbench.extrapolation.config import load_preset
-    from attnbench.extrapolation.entropy import EntropyOptions, run_entropy
+    from attnbench.extrapolation.analysis.entropy import EntropyOptions
+    from attnbench.extrapolation.experiment.config import load_preset
+    from attnbench.extrapolation.experiment.entropy import run_entropy
     from attnbench.runtime.outputs import refuse_to_replace
 
     if not 0 <= seed < 2**63:

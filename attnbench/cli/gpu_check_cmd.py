@@ -64,29 +64,12 @@ def gpu_check_cmd(
     """
     import torch
 
-    from attnbench.bench.suite_choice import GPU_SUITE
     from attnbench.gpucheck import check, speedstage
     from attnbench.runtime.caches import compile_caches, resolve_caches
-    from attnbench.runtime.tomlconfig import find_suite
 
-    suites = (GPU_SUITE, *dict.fromkeys(s for s in (suite or []) if s != GPU_SUITE))
-    for name in suites:
-        find_suite(name)  # a bad name: one line, before anything runs
-    if speed_s >= budget_s:
-        raise AttnbenchError(
-            f"--speed-s {speed_s:g} leaves no time for the tests in --budget-s "
-            f"{budget_s:g}; accepted: --speed-s < --budget-s"
-        )
     package_root = Path(check.__file__).resolve().parent.parent.parent
-    opts = check.Options(
-        out=out_dir,
-        suites=suites,
-        budget_s=budget_s,
-        speed_s=speed_s,
-        workers=workers,
-        fresh=fresh,
-        tests=None if no_tests else check.find_tests(tests, package_root, Path.cwd()),
-    )
+    opts = _options(out_dir, suite, budget_s, speed_s, workers, fresh,
+                    None if no_tests else (tests, package_root))  # fmt: skip
     caches = resolve_caches(cache_dir)
     if dry_run:
         env = speedstage.child_environment(caches.environment(), package_root)
@@ -107,6 +90,28 @@ def gpu_check_cmd(
     if result.code == check.UNFINISHED:
         err.print("left for the next run: the same command continues it")
     raise typer.Exit(result.code)
+
+
+def _options(out_dir: Path, suite: list[str] | None, budget_s: float, speed_s: float,
+             workers: int | None, fresh: bool, tests: tuple[Path | None, Path] | None):  # fmt: skip
+    """The check's options, the suites' names and the budget checked (one line, before anything
+    runs), then the tests folder found (``tests``: ``--tests`` and the package's root; None:
+    ``--no-tests``)."""
+    from attnbench.bench.suite_choice import GPU_SUITE
+    from attnbench.gpucheck import check
+    from attnbench.runtime.tomlconfig import find_suite
+
+    suites = (GPU_SUITE, *dict.fromkeys(s for s in (suite or []) if s != GPU_SUITE))
+    for name in suites:
+        find_suite(name)  # a bad name: one line, before anything runs
+    if speed_s >= budget_s:
+        raise AttnbenchError(
+            f"--speed-s {speed_s:g} leaves no time for the tests in --budget-s "
+            f"{budget_s:g}; accepted: --speed-s < --budget-s"
+        )
+    found = None if tests is None else check.find_tests(*tests, Path.cwd())
+    return check.Options(out=out_dir, suites=suites, budget_s=budget_s, speed_s=speed_s,
+                         workers=workers, fresh=fresh, tests=found)  # fmt: skip
 
 
 class _Log:

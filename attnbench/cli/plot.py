@@ -55,8 +55,8 @@ def plot_cmd(
     Example: [bold]attnbench plot results/speed/cpu/results.csv --format svg[/bold]
     """
     from attnbench.bench.plot import plot_results  # matplotlib only when plotting
-    from attnbench.extrapolation.curves import FIGURE_NAME, is_curves_csv, plot_curves
-    from attnbench.extrapolation.report import figure_from_csv, is_table_csv
+    from attnbench.extrapolation.analysis.figures import figure_from_csv, is_table_csv
+    from attnbench.extrapolation.training.curves import FIGURE_NAME, is_curves_csv, plot_curves
 
     fmt = format.value
     if is_table_csv(results):  # extrapolate.csv of run extrapolate: accuracy against length

@@ -6,11 +6,11 @@ Two tables, each entry a :class:`Route` (mechanism, path, parameters, a one-line
   when the row names none (``Mechanism.default_path``); a row that names a path is costed at
   that path. ``params=None`` means the row's own parameters (``local-32``: window 32).
 - :data:`EVAL_TIME`: an evaluation-time trick on the trained O (``O+logn``, ``O+rerope+logn``)
-  by its name in :data:`attnbench.extrapolation.tricks.TRICKS`. A row composes tricks with ``+``;
-  a trick that only rescales the scores or changes the rotary frequencies (``rescale_only``)
+  by its name in :data:`attnbench.extrapolation.model.tricks.TRICKS`. A row composes tricks with
+  ``+``; a trick that only rescales the scores or changes the rotary frequencies (``rescale_only``)
   adds O(n d) work to whatever the others run, so a row is costed by its one trick that is not
-  rescale-only (dense SDPA when all are). Two tricks with different paths: not joined. A
-  ``^P`` suffix (``logn^2``) or an ``@W`` suffix (``rerope@48``: the row's window) is a setting
+  rescale-only (dense SDPA when all are). Two tricks with different paths: not joined. A ``^P``
+  suffix (``logn^2``) or an ``@W`` suffix (``rerope@48``: the row's window) is a setting
   of its trick; an older name (``yarn-temp``) is read as today's. A trick that runs another
   path in the model's last layer (HWFA: local windows, then full attention) says so
   (``last_layer``): its time is the mean over the model's layers.
@@ -33,7 +33,7 @@ from typing import Any
 from attnbench import registry
 from attnbench.bench.results import params_text
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.tricks import RENAMED, WINDOW_MARK
+from attnbench.extrapolation.model.tricks import RENAMED, WINDOW_MARK
 
 #: ``params=None`` in a route: the row's own parameters.
 ROW_PARAMS = None

@@ -170,7 +170,7 @@ def _model(side: Path, rows: pd.DataFrame) -> Model:
 
 def _windows(train_len: int, evaluation: dict[str, Any]) -> tuple[int, int]:
     """The evaluation windows as the run used them (0 or absent: the run's default, L/2)."""
-    from attnbench.extrapolation.tricks import parse_tricks
+    from attnbench.extrapolation.model.tricks import parse_tricks
 
     local = int(evaluation.get("local_window") or 0) or None
     rerope = int(evaluation.get("rerope_window") or 0) or None

@@ -1,7 +1,7 @@
-"""What both experiments share to run beyond one process (:mod:`attnbench.bench.sweep` for speed
-sweeps, :mod:`attnbench.extrapolation.units` for trainings; the processes and Ray tasks
-themselves: :mod:`attnbench.runtime.processes`, :mod:`attnbench.runtime.ray_tasks`): shard specs,
-Ray's start-up and resource check, and how a dead worker process is described. No torch here.
+"""What both experiments share to run beyond one process (the one way to run units:
+:mod:`attnbench.runtime.execute`; the processes and Ray tasks themselves:
+:mod:`attnbench.runtime.processes`, :mod:`attnbench.runtime.ray_tasks`): shard specs, Ray's
+start-up and resource check, and how a dead worker process is described. No torch here.
 
 Fault injection, for the tests of crash isolation: ``ATTNBENCH_FAULT=crash:UNIT_ID`` makes the
 process running that unit die (exit code 70) on every attempt, ``crash-once:UNIT_ID`` on its

@@ -3,10 +3,8 @@ CUDA error, an ``exit``) fails only the job its process was running, and the dri
 
 :class:`WorkerProcess` runs ``fn(job, *args)`` for each job sent to it, one after another, and
 sends back ``("ok", result)`` or ``("error", exception)``; its death reads as ``("died", exit
-code)``. The speed sweep keeps one worker for unit after unit (a fresh one after a failure);
-:func:`run_each_in_a_process` gives every job its own process, several at once (the trainings of
-an extrapolation run); :func:`map_in_workers` shares jobs out among a few long-lived workers and
-gives the results back in order (its evaluations). No torch here.
+code)``. How units are shared out among such workers (one each, or a few long-lived ones),
+retried and stopped is :mod:`attnbench.runtime.execute`'s. No torch here.
 
 A worker dies with the process that started it (``kill -9`` of the driver: no orphan runs on
 and later fails on the closed pipe); what a killed worker left half-written (a unit's staging
@@ -30,13 +28,12 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable
 from multiprocessing import connection
 from typing import Any, TypeVar
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.runtime import logs
-from attnbench.runtime.engines import died_reason
 
 #: What a job ended as: ("ok", result), ("error", exception) or ("died", exit code).
 Outcome = tuple[str, Any]
@@ -177,48 +174,9 @@ def wait_for_any(workers: Iterable[WorkerProcess]) -> None:
     connection.wait([x for w in workers for x in (w.conn, w.proc.sentinel)])
 
 
-def run_each_in_a_process(
-    jobs: Sequence[Any],
-    fn: Callable[..., Any],
-    args: tuple = (),
-    *,
-    at_once: int = 1,
-    stop_wait_s: float = 60.0,
-    stopped: Callable[[Outcome], bool] = lambda outcome: False,
-) -> Iterator[tuple[Any, Outcome]]:
-    """``fn(job, *args)`` for every job, ``at_once`` at a time, each in a fresh spawned process;
-    yields ``(job, outcome)`` as each ends.
-
-    Ctrl-C or SIGTERM in the driver (a KeyboardInterrupt here), or a job that ``stopped(outcome)``
-    says was stopped that way (a worker got the signal alone): no job is started any more, the
-    running workers are sent SIGTERM (the Ctrl-C they may have had too does the same) and given
-    ``stop_wait_s`` in all to finish what they write; the outcomes of those that end in time are
-    yielded (those that died of it are not), the rest killed, then KeyboardInterrupt is raised.
-    On any other exception, or when the caller stops iterating, they are killed at once. Read
-    it with :func:`consume` so that a Ctrl-C in the caller's own work stops them the same way."""
-    queue, running = list(jobs), []
-    try:
-        while queue or running:
-            while queue and len(running) < at_once:
-                worker = WorkerProcess(fn, args)
-                worker.send(queue.pop(0))
-                running.append(worker)
-            wait_for_any(running)
-            for worker, found in _ended(running):
-                yield worker.job, found
-                if stopped(found):
-                    raise KeyboardInterrupt
-    except KeyboardInterrupt:
-        yield from _stop_all(running, stop_wait_s)
-        raise
-    finally:
-        for worker in running:
-            worker.stop(wait_s=0.0, kill=True)
-
-
 def consume(ends: Generator[T, None, Any], handle: Callable[[T], Any]) -> None:
-    """``handle(value)`` for each value ``ends`` yields (:func:`run_each_in_a_process`'s
-    outcomes, :func:`attnbench.runtime.ray_tasks.tasks_with_one_retry`'s task ends).
+    """``handle(value)`` for each value ``ends`` yields (a pool of worker processes' ends,
+    :func:`attnbench.runtime.ray_tasks.tasks_with_one_retry`'s task ends).
 
     Why not a ``for`` loop: such a pool stops its workers gracefully on a Ctrl-C that lands
     inside it, while it waits; one that lands in the loop's body (the driver logging a result,
@@ -242,68 +200,3 @@ def consume(ends: Generator[T, None, Any], handle: Callable[[T], Any]) -> None:
                 if inspect.getgeneratorstate(ends) == inspect.GEN_CLOSED:
                     raise  # it came out of ``ends``: the pool has stopped
                 advance = functools.partial(ends.throw, e)
-
-
-def _ended(running: list[WorkerProcess]) -> Iterator[tuple[WorkerProcess, Outcome]]:
-    """The workers of ``running`` whose job has ended, with its outcome (each taken out of
-    ``running`` and stopped)."""
-    for worker in list(running):
-        found = worker.outcome()
-        if found is not None:
-            running.remove(worker)
-            worker.stop(wait_s=1.0)
-            yield worker, found
-
-
-def _stop_all(running: list[WorkerProcess], wait_s: float) -> Iterator[tuple[Any, Outcome]]:
-    """Stop the running workers as Ctrl-C does (SIGTERM to each) and yield the outcomes of those
-    that end within ``wait_s`` (not those the signal killed); a second Ctrl-C ends the wait."""
-    for worker in running:
-        worker.interrupt()
-    deadline = time.monotonic() + wait_s
-    while running and (left := deadline - time.monotonic()) > 0:
-        connection.wait([x for w in running for x in (w.conn, w.proc.sentinel)], timeout=left)
-        for worker, found in _ended(running):
-            if found[0] != "died":
-                yield worker.job, found
-
-
-def map_in_workers(
-    jobs: Sequence[Any], fn: Callable[..., Any], args: tuple = (), *, workers: int
-) -> Iterator[Any]:
-    """``fn(job, *args)`` for every job on ``workers`` long-lived worker processes (each receives
-    ``args`` once, when it starts), the results yielded in the order of ``jobs``. A job that
-    raises, or a worker that dies, raises here once every worker is stopped (Ctrl-C too)."""
-    jobs = list(jobs)
-    pool = [WorkerProcess(fn, args) for _ in range(min(workers, len(jobs)))]
-    busy: dict[WorkerProcess, int] = {}
-    finished: dict[int, Any] = {}
-    sent = given = 0
-    try:
-        while given < len(jobs):
-            for worker in pool:
-                if worker not in busy and sent < len(jobs):
-                    worker.send(jobs[sent])
-                    busy[worker], sent = sent, sent + 1
-            if busy:
-                wait_for_any(busy)
-            for worker, index in list(busy.items()):
-                found = worker.outcome()
-                if found is not None:
-                    del busy[worker]
-                    finished[index] = _result(found)
-            while given in finished:
-                yield finished.pop(given)
-                given += 1
-    finally:
-        for worker in pool:
-            worker.stop(wait_s=10.0, kill=given < len(jobs))
-
-
-def _result(outcome: Outcome) -> Any:
-    kind, value = outcome
-    if kind == "error":
-        raise value
-    if kind == "died":
-        raise AttnbenchError(died_reason(value, "running a job of the pool"))
-    return value

@@ -1,9 +1,9 @@
 """The unit contract of both experiments: a run is a list of :class:`Unit`, in plan order, which
 every engine (worker processes here, Ray tasks, the shards of an array job) runs the same way.
 
-A speed sweep's units (:class:`attnbench.bench.units.Unit`) each time one mechanism over a group
-of cases; an extrapolation run's (:mod:`attnbench.extrapolation.units`) are its trainings, then
-one evaluation that needs them all. Both extend this record with their own fields (listed by
+A speed sweep's units (:class:`attnbench.bench.units.Unit`) each time one mechanism over a group of
+cases; an extrapolation run's (:mod:`attnbench.extrapolation.experiment.units`) are its trainings,
+then one evaluation that needs them all. Both extend this record with their own fields (listed by
 :meth:`Unit.details`), and list, shard and mark done their units through it.
 
 ``--shard I/N`` runs the units whose ``index`` is I mod N (:func:`attnbench.runtime.engines.

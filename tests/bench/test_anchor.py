@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.measure.flops import MatmulAnchor, anchor_sizes, sized_anchor
 from attnbench.measure.timing import Clock
+from tests.helpers.speed import tiny_suite_file
 
 runner = CliRunner()
 
@@ -74,36 +75,20 @@ def test_the_smallest_size_when_none_fits_and_the_suites_size_without_a_limit():
     assert size_for(clock, max_size=96, max_call_s=0) == 96 and clock.calls == []
 
 
-TINY_F16 = """
-name = "tiny16"
-[grid]
-mechanisms = ["softmax:efficient"]
-device = "cpu"
-dtypes = ["float16"]
-directions = ["fwd"]
-causal = [false]
-lengths = [32]
-reference = ""
-[shape]
-heads = 2
-head_dims = [8]
-[timing]
-threads = 1
-warmup_calls = 1
-warmup_s = 0.0
-rounds = 2
-min_rounds = 2
-block_s = 0.0
-matmul_size = 4096
-matmul_max_s = 0.05
-"""
+#: The tiny suite (tests/fixtures) in float16, forward, one length, with a 4096^3 matmul anchor
+#: and a time limit for it.
+FLOAT16_MATMUL_4096 = dict(
+    top={"name": "tiny16"},
+    grid={"mechanisms": ["softmax:efficient"], "path_kinds": None, "dtypes": ["float16"],
+          "directions": ["fwd"], "causal": [False], "lengths": [32], "reference": ""},
+    timing={"matmul_size": 4096, "matmul_max_s": 0.05},
+)  # fmt: skip
 
 
 def test_the_run_times_and_records_the_sized_matmul(tmp_path):
     """A 4096^3 float16 matmul would take many minutes a call on a CPU: the run keeps a size
     whose call fits the limit, and the sidecar and the summary say which."""
-    suite = tmp_path / "tiny16.toml"
-    suite.write_text(TINY_F16)
+    suite = tiny_suite_file(tmp_path, "tiny16.toml", **FLOAT16_MATMUL_4096)
     out = tmp_path / "out"
     result = runner.invoke(
         app, ["run", "speed", "--suite", str(suite), "--out", str(out), "--no-plot"]

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from attnbench.bench.results import ADDED_COLUMNS, COLUMNS, ResultsWriter, cell, read_results
-from attnbench.extrapolation.curves import is_curves_csv, read_curves
-from attnbench.extrapolation.report import TABLE_COLUMNS, is_table_csv
+from attnbench.extrapolation.analysis.figures import TABLE_COLUMNS, is_table_csv
+from attnbench.extrapolation.training.curves import is_curves_csv, read_curves
 from tests.helpers.results import reference_row, row, write_results
 
 ROOT = Path(__file__).resolve().parents[2]

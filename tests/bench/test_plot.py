@@ -18,6 +18,7 @@ from attnbench.bench.panels import METRICS, REFERENCE_GID, STOP_OFFSET, family_f
 from attnbench.bench.results import COLUMNS, read_results
 from attnbench.cli import app
 from tests.helpers.results import write_results
+from tests.helpers.speed import tiny_suite_file
 
 runner = CliRunner()
 
@@ -186,27 +187,11 @@ def test_plot_with_nothing_measured_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "f").exists()
 
 
-TINY = """
-[grid]
-device = "cpu"
-causal = [false]
-[shape]
-heads = 2
-head_dims = [8]
-[timing]
-threads = 1
-warmup_calls = 1
-warmup_s = 0.0
-rounds = 1
-min_rounds = 1
-block_s = 0.0
-matmul_size = 32
-"""
-
-
 def run_speed(tmp_path, *extra):
-    suite = tmp_path / "tiny.toml"
-    suite.write_text(TINY)
+    suite = tiny_suite_file(tmp_path, top={"name": None},
+                            grid={"mechanisms": None, "path_kinds": None, "lengths": None,
+                                  "causal": [False]},
+                            timing={"rounds": 1, "min_rounds": 1})  # fmt: skip
     out = tmp_path / "out"
     cmd = ["run", "speed", "--suite", str(suite), "--out", str(out), "--impl", "softmax:efficient"]
     cmd += ["--impl", "linear:chunkwise", "--lengths", "64", "--direction", "fwd", *extra]

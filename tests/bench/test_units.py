@@ -19,7 +19,7 @@ from attnbench.bench.units import speed_units, unit_dir
 from attnbench.cli import app
 from attnbench.core.errors import AttnbenchError
 from attnbench.runtime.engines import FAULT_ENV, FAULT_EXIT, parse_shard
-from tests.helpers.speed import tiny
+from tests.helpers.speed import tiny, tiny_suite_file
 
 runner = CliRunner()
 
@@ -186,29 +186,6 @@ def test_ray_with_two_cpu_workers_equals_a_single_run(tmp_path, single):
     assert compared(merged) == compared(single)
 
 
-TINY_TOML = """
-name = "tiny"
-[grid]
-mechanisms = ["softmax", "linear"]
-path_kinds = ["reference", "efficient"]
-device = "cpu"
-causal = [false]
-lengths = [16, 32]
-[shape]
-heads = 2
-head_dims = [8]
-[timing]
-threads = 1
-warmup_calls = 1
-warmup_s = 0.0
-rounds = 2
-min_rounds = 2
-block_s = 0.0
-group_budget_s = 1.0
-matmul_size = 32
-"""
-
-
 def test_the_slurm_scripts_run_an_array_then_merge(tmp_path):
     """scripts/slurm/*.sbatch as SLURM runs them (bash, with the array's variables set): two
     array tasks, then the merge job, give the single run's rows."""
@@ -217,8 +194,9 @@ def test_the_slurm_scripts_run_an_array_then_merge(tmp_path):
     from pathlib import Path
 
     scripts = Path(__file__).resolve().parents[2] / "scripts" / "slurm"
-    suite_file = tmp_path / "tiny.toml"
-    suite_file.write_text(TINY_TOML)
+    suite_file = tiny_suite_file(tmp_path, grid={"mechanisms": ["softmax", "linear"],
+                                                 "causal": [False]},
+                                 timing={"group_budget_s": 1.0})  # fmt: skip
     out = tmp_path / "out"
     env = dict(os.environ, SLURM_ARRAY_TASK_COUNT="2", PYTHONPATH=os.getcwd())
     bin_dir = Path(sys.executable).parent

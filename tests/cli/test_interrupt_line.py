@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from attnbench.cli import app
 from attnbench.runtime.interrupts import Stopped
 from tests.helpers.extrapolation import make_corpus
-from tests.runtime.test_stop_and_kill import ENV, start, wait_for
+from tests.helpers.processes import ENV, start, wait_for
 
 runner = CliRunner()
 
@@ -87,8 +87,8 @@ def ctrl_c(*args, **kwargs):
     ("command", "target"),
     [
         (["run", "speed", "--impl", "softmax"], "attnbench.bench.config.load_suite"),
-        (["run", "entropy"], "attnbench.extrapolation.entropy.run_entropy"),
-        (["run", "extrapolate"], "attnbench.extrapolation.run.run_extrapolate"),
+        (["run", "entropy"], "attnbench.extrapolation.experiment.entropy.run_entropy"),
+        (["run", "extrapolate"], "attnbench.extrapolation.experiment.run.run_extrapolate"),
     ],
 )
 def test_an_interrupt_nothing_reported_names_the_command(monkeypatch, tmp_path, command, target):
@@ -104,7 +104,7 @@ def test_the_librarys_own_line_is_printed_as_it_is(monkeypatch, tmp_path):
     def stopped(*args, **kwargs):
         raise Stopped("during evaluation", "3 finished rows are in x.csv; continue with --resume")
 
-    monkeypatch.setattr("attnbench.extrapolation.run.run_extrapolate", stopped)
+    monkeypatch.setattr("attnbench.extrapolation.experiment.run.run_extrapolate", stopped)
     line = interrupted(["run", "extrapolate", "--out", str(tmp_path / "out")])
     assert line == (
         "interrupted during evaluation; 3 finished rows are in x.csv; continue with --resume"
@@ -112,12 +112,14 @@ def test_the_librarys_own_line_is_printed_as_it_is(monkeypatch, tmp_path):
 
 
 def test_a_stopped_training_says_its_step_and_checkpoint(monkeypatch, tmp_path):
-    from attnbench.extrapolation.train import Interrupted
+    from attnbench.extrapolation.training.loop import Interrupted
 
     def interrupted_training(*args, **kwargs):
         raise Interrupted(Path("ck/O-seed0.pt"), 31, 300)
 
-    monkeypatch.setattr("attnbench.extrapolation.run.run_extrapolate", interrupted_training)
+    monkeypatch.setattr(
+        "attnbench.extrapolation.experiment.run.run_extrapolate", interrupted_training
+    )
     line = interrupted(["run", "extrapolate", "--out", str(tmp_path / "out")])
     assert line == "interrupted at step 31/300; checkpoint ck/O-seed0.pt; continue with --resume"
 

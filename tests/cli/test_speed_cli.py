@@ -15,35 +15,14 @@ from attnbench.bench.results import ResultsWriter, read_results
 from attnbench.cli import app
 from attnbench.core.spec import PathSpec, Requirement
 from attnbench.variants import softmax
+from tests.helpers.speed import tiny_suite_file
 
 runner = CliRunner()
-
-TINY = """
-name = "tiny"
-[grid]
-mechanisms = ["softmax", "flash-tiled:efficient"]
-path_kinds = ["reference", "efficient"]
-device = "cpu"
-lengths = [16, 32]
-[shape]
-heads = 2
-head_dims = [8]
-[timing]
-threads = 1
-warmup_calls = 1
-warmup_s = 0.0
-rounds = 2
-min_rounds = 2
-block_s = 0.0
-matmul_size = 32
-"""
 
 
 @pytest.fixture
 def suite_file(tmp_path):
-    path = tmp_path / "tiny.toml"
-    path.write_text(TINY)
-    return path
+    return tiny_suite_file(tmp_path)
 
 
 def one_error_line(result) -> str:

@@ -25,7 +25,7 @@ from attnbench.costreport.mapping import (
     cost_of,
     mapping_lines,
 )
-from attnbench.extrapolation.tricks import TRICKS
+from attnbench.extrapolation.model.tricks import TRICKS
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = (

@@ -14,7 +14,7 @@ from attnbench.bench.config import load_suite, params_for, select
 from attnbench.bench.results import params_text
 from attnbench.costreport.mapping import Context, Row, Unmapped, cost_of
 from attnbench.costreport.tables import read_extrapolation
-from attnbench.extrapolation.config import load_preset
+from attnbench.extrapolation.experiment.config import load_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The committed tables ``attnbench report`` joins with this suite (results/report/).

@@ -10,18 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from attnbench.extrapolation import longrange
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
-from attnbench.extrapolation.train import (
-    TrainConfig,
-    TrainingBatches,
-    masked_loss,
-    train,
-)
+from attnbench.extrapolation.experiment.config import load_preset
+from attnbench.extrapolation.model.encoder import MixerSpec, ModelConfig, build_model
+from attnbench.extrapolation.training import copies as planting
+from attnbench.extrapolation.training.batches import TrainingBatches, masked_loss
+from attnbench.extrapolation.training.loop import train
+from attnbench.extrapolation.training.options import TrainConfig
 from attnbench.runtime.tomlconfig import parse_settings
-from tests.extrapolation.test_training_options import tiny_model
-from tests.helpers.extrapolation import assert_shares_add_up, train_key
+from tests.helpers.extrapolation import assert_shares_add_up, tiny_model, train_key
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -42,9 +38,7 @@ def weights_by_loops(sources, mask, weight):
 
 def test_sources_point_at_the_byte_each_copied_byte_repeats():
     tokens = torch.randint(0, 256, (300, L), generator=torch.Generator().manual_seed(5))
-    out, sources = longrange.plant_training_copies(
-        tokens, 0.5, 64, torch.Generator().manual_seed(6)
-    )
+    out, sources = planting.plant_training_copies(tokens, 0.5, 64, torch.Generator().manual_seed(6))
     copied = sources >= 0
     rows = copied.any(1)
     assert 0.35 < rows.float().mean() < 0.65
@@ -55,7 +49,7 @@ def test_sources_point_at_the_byte_each_copied_byte_repeats():
     assert int(distance.min()) >= 8 and int(distance.max()) <= L - 8
     for row in rows.nonzero().flatten().tolist():  # one distance per window
         assert len((torch.arange(L) - sources[row])[copied[row]].unique()) == 1
-    same, none = longrange.plant_training_copies(tokens, 0.0, 64, torch.Generator())
+    same, none = planting.plant_training_copies(tokens, 0.0, 64, torch.Generator())
     assert torch.equal(same, tokens) and bool((none == -1).all())
 
 
@@ -63,9 +57,9 @@ def test_sources_point_at_the_byte_each_copied_byte_repeats():
 def test_the_weight_goes_to_masked_copy_bytes_whose_source_is_visible(weight):
     gen = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 256, (200, L), generator=gen)
-    _, sources = longrange.plant_training_copies(tokens, 0.7, 64, gen)
+    _, sources = planting.plant_training_copies(tokens, 0.7, 64, gen)
     mask = torch.rand(200, L, generator=gen) < 0.3
-    got = longrange.copy_weights(sources, mask, weight)
+    got = planting.copy_weights(sources, mask, weight)
     want = weights_by_loops(sources, mask, weight)
     assert got.shape == (int(mask.sum()),)
     assert torch.equal(got.double(), want)

@@ -5,8 +5,9 @@ from collections import Counter, defaultdict
 import numpy as np
 import torch
 
-from attnbench.extrapolation import baseline
-from attnbench.extrapolation.train import BatchSampler, TrainConfig
+from attnbench.extrapolation.evaluation import floors as baseline
+from attnbench.extrapolation.training.batches import BatchSampler
+from attnbench.extrapolation.training.options import TrainConfig
 
 EDGE, MASK = "E", "M"
 

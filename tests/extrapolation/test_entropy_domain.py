@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnbench.extrapolation.entropy import (
+from attnbench.extrapolation.analysis.entropy import (
     FINITE_N_TOLERANCE,
     SCALE_SWEEP,
     approximation_bound,

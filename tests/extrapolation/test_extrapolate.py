@@ -1,11 +1,11 @@
 """The extrapolation and entropy suites on tiny configs: end to end through the CLI, resume,
-eval-only, the evaluation windows and masks, the length guard, the eval-time tricks, bad input."""
+eval-only, the evaluation windows and masks, the length guard, bad input (the evaluation-time
+tricks' mixer: test_trick_mixer.py)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import signal
 
@@ -17,28 +17,18 @@ from typer.testing import CliRunner
 from attnbench import registry
 from attnbench.cli import app
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.config import load_preset, resolve_variants
-from attnbench.extrapolation.entropy import EntropyOptions, run_entropy
-from attnbench.extrapolation.evaluate import (
-    LengthCheckError,
-    evaluate,
-    make_eval_stream,
-    spread,
-)
-from attnbench.extrapolation.model import (
+from attnbench.extrapolation.analysis.entropy import EntropyOptions
+from attnbench.extrapolation.experiment.config import load_preset, resolve_variants
+from attnbench.extrapolation.experiment.entropy import run_entropy
+from attnbench.extrapolation.experiment.run import RunOptions, run_extrapolate
+from attnbench.extrapolation.model.encoder import (
     MixerSpec,
-    MLMEncoder,
-    ModelConfig,
-    build_model,
     is_whole_block,
 )
-from attnbench.extrapolation.run import RunOptions, run_extrapolate
-from attnbench.extrapolation.train import Interrupted
-from attnbench.extrapolation.tricks import TrickMixer, parse_tricks
-from attnbench.layers import make_layer
+from attnbench.extrapolation.training.loop import Interrupted
 from attnbench.runtime.progress import Silent
 from attnbench.variants import softmax
-from tests.helpers.extrapolation import TINY, make_corpus, run_options, tiny_cfg
+from tests.helpers.extrapolation import TINY, make_corpus, run_options, tiny_cfg, tiny_encoder
 
 runner = CliRunner()
 
@@ -266,186 +256,6 @@ def test_resume_equals_uninterrupted(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------
-# Evaluation windows, masks, the length guard
-# ---------------------------------------------------------------------------------------------
-
-
-def test_eval_windows_are_contiguous_and_masks_shared():
-    heldout = (torch.arange(5000) % 251).to(torch.uint8)
-    whole = (("text", 0, 5000),)
-    stream = make_eval_stream(heldout, whole, (16, 48, 64), 192, 64, mask_prob=0.15, seed=7)
-    assert stream.size == 3 * 64 and stream.pieces == 3
-    for n in (16, 48, 64):
-        toks, mask = stream.windows(n)
-        assert toks.shape == (3 * (64 // n), n)
-        for w, start in enumerate(stream.starts):  # each window lies inside one piece
-            for j in range(64 // n):
-                row = toks[w * (64 // n) + j]
-                assert torch.equal(row, heldout[start + j * n : start + (j + 1) * n].long())
-    again = make_eval_stream(heldout, whole, (16, 48, 64), 192, 64, mask_prob=0.15, seed=7)
-    assert torch.equal(again.mask, stream.mask) and again.starts == stream.starts
-
-
-def test_eval_pieces_spread_over_every_held_out_work():
-    """Pieces go to every work in proportion to its length, evenly spaced, never across a
-    boundary, never overlapping; a corpus too short says what it needs."""
-    works = (("a", 0, 3000), ("b", 3001, 4001), ("c", 4002, 10002))
-    placed = spread(works, 10, 100)
-    counts = {name: sum(1 for n, _ in placed if n == name) for name, _, _ in works}
-    assert counts == {"a": 3, "b": 1, "c": 6}
-    starts = sorted(s for _, s in placed)
-    assert all(b - a >= 100 for a, b in zip(starts, starts[1:], strict=False))  # no overlap
-    for name, start in placed:
-        _, lo, hi = next(w for w in works if w[0] == name)
-        assert lo <= start and start + 100 <= hi
-    a_starts = [s for n, s in placed if n == "a"]
-    assert a_starts[0] > 0 and a_starts[-1] + 100 < 3000  # spread, not packed at the start
-    with pytest.raises(AttnbenchError, match="corpus too short"):
-        spread((("a", 0, 250),), 3, 100)
-
-
-def test_the_default_corpus_is_cut_at_a_play_boundary():
-    from attnbench.data.corpus import load_corpus
-
-    corpus = load_corpus()
-    split = corpus.split(0.1)
-    cut = split.train.numel()
-    assert split.at_boundary and cut in {w.offset for w in corpus.works}
-    assert 0.08 < split.heldout.numel() / len(corpus) < 0.12
-    first = split.works[0]
-    assert first[1] == 0  # the first held-out play starts the held-out stream: title and all
-    assert [w.name for w in corpus.works if w.offset >= cut] == [w[0] for w in split.works]
-
-
-def test_a_folder_corpus_is_cut_at_a_file_boundary(tmp_path):
-    from attnbench.data.corpus import load_corpus
-
-    for i, size in enumerate((5000, 3000, 1500, 600)):
-        (tmp_path / f"{i}.txt").write_text(chr(ord("a") + i) * size)
-    split = load_corpus(tmp_path).split(0.1)
-    assert split.at_boundary and [w[0] for w in split.works] == ["3.txt"]
-    assert bytes(split.heldout.tolist()) == b"d" * 600
-
-
-def _tiny_model(spec=MixerSpec("softmax"), heads=2):
-    torch.manual_seed(0)
-    return build_model(ModelConfig(d_model=32, layers=2, heads=heads, train_len=16), spec)
-
-
-@pytest.mark.parametrize("mechanism", ["softmax", "gau", "aft-conv"])
-def test_hidden_at_the_masked_rows_equals_the_whole_forward(mechanism):
-    """Training and evaluation run the last FFN and the final norm on the masked rows only:
-    the same hidden states and the same gradients as the whole forward, indexed (float64)."""
-    model = _tiny_model(MixerSpec(mechanism)).double()
-    gen = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, 257, (3, 21), generator=gen)  # odd length, [MASK] ids included
-    rows = torch.rand(3, 21, generator=gen) < 0.3
-    rows[1] = False  # a window with nothing masked
-    weights = torch.randn(int(rows.sum()), 256, generator=gen, dtype=torch.float64)
-    grads = []
-    for hidden in (lambda: model(tokens)[rows], lambda: model.hidden_at(tokens, rows)):
-        model.zero_grad()
-        out = model.logits(hidden())  # (N, 256)
-        (out * weights).sum().backward()
-        grads.append([p.grad.clone() for p in model.parameters()])
-        if len(grads) == 1:
-            whole = out.detach()
-    torch.testing.assert_close(out.detach(), whole, rtol=1e-12, atol=1e-12)
-    for a, b in zip(*grads, strict=True):
-        torch.testing.assert_close(b, a, rtol=1e-10, atol=1e-12)
-
-
-def test_every_variant_sees_the_same_inputs():
-    heldout = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
-    stream = make_eval_stream(
-        heldout.to(torch.uint8), (("t", 0, 4096),), (16, 64), 256, 64, 0.15, 3
-    )
-    seen = {}
-    for name, spec in (("O", MixerSpec("softmax")), ("E", MixerSpec("softmax-logn"))):
-        model = _tiny_model(spec)
-        inputs = []
-        hook = lambda m, args, acc=inputs: acc.append(args[0].clone())  # noqa: E731
-        model.embed.register_forward_pre_hook(hook)  # the token ids the model reads
-        res = evaluate(model, stream, 64, batch_tokens=128)
-        seen[name] = (torch.cat(inputs), res.masked)
-    assert torch.equal(seen["O"][0], seen["E"][0]) and seen["O"][1] == seen["E"][1]
-    assert seen["O"][0].shape == (4, 64)
-
-
-def test_length_guard_catches_truncation():
-    heldout = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
-    stream = make_eval_stream(heldout.to(torch.uint8), (("t", 0, 4096),), (64,), 128, 64, 0.15, 3)
-    model = _tiny_model()
-    evaluate(model, stream, 64)  # fine as built
-    model.embed.register_forward_hook(lambda m, args, out: out[:, :32])  # a silent truncation
-    with pytest.raises(LengthCheckError, match="received length 32"):
-        evaluate(model, stream, 64)
-
-
-# ---------------------------------------------------------------------------------------------
-# Evaluation-time tricks
-# ---------------------------------------------------------------------------------------------
-
-
-def _swap(model, tricks):
-    cfg = model.cfg
-    other = MLMEncoder(cfg, lambda c, i: TrickMixer(c.d_model, c.heads, tricks))
-    other.load_state_dict(model.state_dict())
-    return other.eval()
-
-
-def test_tricks_reduce_to_the_trained_model():
-    model = _tiny_model().eval()
-    x = torch.randint(0, 256, (2, 40))
-    short = x[:, :16]
-    with torch.no_grad():
-        for name in ("logn", "temperature", "yarn", "ntk", "pi", "ntk+logn"):
-            t = parse_tricks(name, 16)
-            # At n <= L every one of these is the identity; beyond L they change the output.
-            assert torch.allclose(_swap(model, t)(short), model(short), atol=1e-5), name
-            assert not torch.allclose(_swap(model, t)(x), model(x), atol=1e-4), name
-        plain = parse_tricks("rerope", 16, rerope_window=40)  # window >= n: plain RoPE
-        assert torch.allclose(_swap(model, plain)(x), model(x), atol=1e-5)
-        wide = parse_tricks("local", 16, local_window=40)
-        assert torch.allclose(_swap(model, wide)(x), model(x), atol=1e-5)
-
-
-def test_logn_trick_equals_the_registry_mechanism():
-    """max(1, log n / log L) in TrickMixer == softmax-logn(base=L, clip=True) via make_layer."""
-    model = _tiny_model().eval()
-    cfg = model.cfg
-    from attnbench.layers import Rotary
-
-    ref = MLMEncoder(
-        cfg,
-        lambda c, i: make_layer(
-            "softmax-logn", c.d_model, c.heads, params={"base": 16.0, "clip": True},
-            rope=Rotary(c.head_dim), max_len=16,
-        ),
-    )  # fmt: skip
-    ref.load_state_dict(model.state_dict())
-    x = torch.randint(0, 256, (2, 100))
-    with torch.no_grad():
-        got = _swap(model, parse_tricks("logn", 16))(x)
-        assert torch.allclose(got, ref.eval()(x), atol=1e-5)
-
-
-def test_rerope_clips_relative_positions():
-    """Beyond the window, ReRoPE scores equal those of a key moved to distance w."""
-    t = parse_tricks("rerope", 16, rerope_window=4)
-    mixer = TrickMixer(32, 2, t)
-    q, k = torch.randn(1, 2, 12, 16), torch.randn(1, 2, 12, 16)
-    s = mixer.scores(q, k)  # (1, 2, 12, 12)
-    plain = TrickMixer(32, 2, parse_tricks("rerope", 16, rerope_window=100)).scores(q, k)
-    # Query 10 with key 2 (r = 8 >= 4): the score RoPE gives at r = 4, i.e. query 6 with key 2
-    # when all queries are the same vector.
-    qq = q[:, :, 10:11].expand(1, 2, 12, 16)
-    same = TrickMixer(32, 2, parse_tricks("rerope", 16, rerope_window=100)).scores(qq, k)
-    assert torch.allclose(s[..., 10, 2], same[..., 6, 2], atol=1e-5)
-    assert torch.allclose(s[..., 10, 8], plain[..., 10, 8], atol=1e-6)  # inside the window
-
-
-# ---------------------------------------------------------------------------------------------
 # Variants and bad input
 # ---------------------------------------------------------------------------------------------
 
@@ -460,7 +270,7 @@ def test_whole_block_and_causal_only_mechanisms(monkeypatch):
     monkeypatch.setattr(registry, "_BY_NAME", index)
     monkeypatch.setattr(registry, "MECHANISMS", (*registry.MECHANISMS, whole, causal))
     assert is_whole_block(MixerSpec("fake-whole"))
-    model = _tiny_model(MixerSpec("fake-whole"))
+    model = tiny_encoder(MixerSpec("fake-whole"))
     assert all(b.ffn is None for b in model.blocks) and len(model.blocks) == 2 * 2
     cfg = load_preset("cpu")
     variants, notes = resolve_variants(cfg, ["all"])
@@ -543,49 +353,6 @@ def test_presets_load_from_the_one_shipped_folder():
     assert len(cpu.run.eval_time) >= 6
 
 
-SDPA_TRICKS = ["logn", "temperature", "yarn", "local", "ntk", "pi", "ntk+logn", "pi+local"]
-
-
-@pytest.mark.parametrize("name", SDPA_TRICKS)
-def test_trick_sdpa_path_matches_dense(name):
-    t = parse_tricks(name, 16)
-    mixer = TrickMixer(32, 2, t)
-    x = torch.randn(2, 100, 32, dtype=torch.float64)
-    mixer = mixer.double()
-    with torch.no_grad():
-        fast = mixer(x)
-        mixer.force_dense = True
-        dense = mixer(x)
-    assert torch.allclose(fast, dense, atol=1e-10, rtol=1e-9)
-
-
-def test_trick_rows_take_the_dense_path_only_for_the_entropy_windows(monkeypatch):
-    """The entropy probe hands TrickMixer its hook only while active: the probed windows go
-    through the dense path (which exposes the probabilities), the rest through SDPA. Accuracy,
-    loss and entropy equal an evaluation forced dense everywhere (float64)."""
-    heldout = torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
-    stream = make_eval_stream(heldout.to(torch.uint8), (("t", 0, 4096),), (64,), 512, 64, 0.15, 3)
-    model = _swap(_tiny_model(), parse_tricks("logn", 16)).double()
-    shapes = []
-    dense = TrickMixer.dense
-    monkeypatch.setattr(
-        TrickMixer, "dense", lambda self, q, k, v: shapes.append(q.shape[0]) or dense(self, q, k, v)
-    )
-    fast = evaluate(model, stream, 64, batch_tokens=128, entropy_tokens=128)
-    # 2 probed windows (128 tokens at n = 64) in batches of 2, through 2 layers: 2 dense calls
-    assert shapes == [2, 2]
-    for layer in model.blocks:
-        assert layer.mixer.probs_hook is None
-    shapes.clear()
-    for layer in model.blocks:
-        layer.mixer.force_dense = True
-    slow = evaluate(model, stream, 64, batch_tokens=128, entropy_tokens=128)
-    assert len(shapes) == 2 * 4  # every one of the 8 windows, 4 batches x 2 layers
-    assert (fast.correct, fast.masked) == (slow.correct, slow.masked) and fast.masked > 0
-    assert fast.loss_sum == pytest.approx(slow.loss_sum, rel=1e-12)
-    assert fast.entropy == pytest.approx(slow.entropy, rel=1e-12) and None not in fast.entropy
-
-
 def test_a_mechanism_failing_at_some_length_gets_an_error_row(monkeypatch, tmp_path):
     """A mechanism that cannot run at a length yields status=error rows with the reason, never a
     dropped row or a NaN passed off as a result."""
@@ -663,40 +430,6 @@ def test_preset_errors_name_the_file_and_line(tmp_path, text, line, words):
         assert word in message, message
 
 
-def test_yarn_interpolates_frequencies_by_parts():
-    """YaRN's frequencies, written out per pair from Peng et al. 2023 (eq. of the ramp), for
-    L = 64, head dim 64, n = 256: pairs with fewer than alpha turns over L are divided by s,
-    pairs with more than beta kept, the rest in between."""
-    from attnbench.extrapolation.tricks import YARN_ALPHA, YARN_BETA, yarn_freq_scale
-
-    L, D, base, s = 64, 64, 10000.0, 4.0
-    got = yarn_freq_scale(D, base, L, s)
-    for i in range(D // 2):
-        theta = base ** (-2 * i / D)
-        turns = L / (2 * math.pi / theta)
-        if turns < YARN_ALPHA:
-            want = 1 / s
-        elif turns > YARN_BETA:
-            want = 1.0
-        else:
-            g = (turns - YARN_ALPHA) / (YARN_BETA - YARN_ALPHA)
-            want = (1 - g) / s + g
-        assert got[i].item() == pytest.approx(want, rel=1e-12), i
-    changed = (got < 1).sum().item()
-    assert changed == D // 2  # at L = 64 no pair makes beta = 32 turns: every pair moves
-    assert torch.equal(yarn_freq_scale(D, base, L, 1.0), torch.ones(D // 2, dtype=torch.float64))
-
-
-def test_renamed_and_conflicting_tricks_are_refused():
-    with pytest.raises(AttnbenchError, match="now called 'temperature'"):
-        parse_tricks("yarn-temp", 64)
-    with pytest.raises(AttnbenchError, match="rotary frequencies twice"):
-        parse_tricks("yarn+ntk", 64)
-    with pytest.raises(AttnbenchError, match="already holds the temperature"):
-        parse_tricks("yarn+temperature", 64)
-    assert parse_tricks("rerope+logn", 64).names == ("rerope", "logn")
-
-
 def test_parallel_trainings_equal_sequential_ones(tmp_path):
     """Two trainings in two 1-thread worker processes, then their evaluations in two worker
     processes, give the checkpoints and rows that one 1-thread process doing it all one after
@@ -737,16 +470,6 @@ def test_overwrite_retrains_even_one_at_a_time(tmp_path):
     ckpt = torch.load(tmp_path / "out/checkpoints/E-seed0.pt", weights_only=False)
     assert ckpt["step"] == 13
     assert {r["train_steps"] for r in again.rows if r["kind"] == "trained"} == {13}
-
-
-def test_a_corpus_without_a_boundary_near_the_holdout_is_cut_inside_a_work(tmp_path):
-    from attnbench.data.corpus import load_corpus
-
-    (tmp_path / "a.txt").write_text("a" * 1000)
-    (tmp_path / "b.txt").write_text("b" * 100_000)
-    split = load_corpus(tmp_path).split(0.1)
-    assert not split.at_boundary
-    assert split.describe()["heldout_share"] == pytest.approx(0.1, abs=0.001)
 
 
 def test_every_config_option_names_a_parameter_and_a_field():

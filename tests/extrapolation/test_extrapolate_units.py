@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.run import RunOptions, run_extrapolate
+from attnbench.extrapolation.experiment.run import RunOptions, run_extrapolate
 from tests.helpers.extrapolation import TINY, make_corpus, run_options, tiny_cfg
 
 runner = CliRunner()

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation import stats
-from attnbench.extrapolation.baseline import ContextCounts
+from attnbench.extrapolation.analysis import stats
+from attnbench.extrapolation.evaluation.floors import ContextCounts
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,7 @@ def test_su_2021_expression_matches_a_monte_carlo_of_its_own_definition():
     """theory_offset integrates log E[e^{x t}] - x E[t e^{x t}] / E[e^{x t}] over the cosine's
     density; the same quantity estimated from random unit vectors agrees, and its slope is
     0.24-ish only at large lambda*d."""
-    from attnbench.extrapolation.entropy import theory_offset, theory_slope
+    from attnbench.extrapolation.analysis.entropy import theory_offset, theory_slope
 
     d, x = 64, 8.0
     gen = torch.Generator().manual_seed(0)
@@ -76,7 +76,7 @@ def test_su_2021_expression_matches_a_monte_carlo_of_its_own_definition():
 
 
 def test_bootstrap_over_pieces():
-    from attnbench.extrapolation.report import bootstrap_difference
+    from attnbench.extrapolation.analysis.stats import bootstrap_difference
 
     masked = [150] * 64
     same = bootstrap_difference(masked, [90] * 64, [90] * 64)
@@ -97,7 +97,7 @@ def test_bootstrap_is_the_plain_paired_resampling_of_pieces():
     replaced): the same interval to rounding. One piece: its own difference, no interval."""
     import numpy as np
 
-    from attnbench.extrapolation.report import bootstrap_difference
+    from attnbench.extrapolation.analysis.stats import bootstrap_difference
 
     rng = np.random.default_rng(3)
     masked = rng.integers(100, 200, 40)

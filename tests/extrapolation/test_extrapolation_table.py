@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation import report, results
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.evaluate import EvalStream
+from attnbench.extrapolation.analysis import figures, report
+from attnbench.extrapolation.evaluation.evaluate import EvalStream
+from attnbench.extrapolation.experiment import results
+from attnbench.extrapolation.experiment.config import load_preset
 
 SEEDS = (0, 1, 2)
 LENGTHS = (64, 128)
@@ -178,8 +179,8 @@ def test_csv_round_trip_keeps_built_from_and_reads_old_csvs(tmp_path):
     pd.read_csv(old_path).drop(columns="built_from").to_csv(old_path, index=False)
     old = pd.read_csv(old_path).to_dict("records")
     assert "not recorded" in "\n".join(report.count_rows_markdown(old))
-    assert report.is_table_csv(old_path)
-    assert report.figure_from_csv(old_path).is_file()
+    assert figures.is_table_csv(old_path)
+    assert figures.figure_from_csv(old_path).is_file()
 
 
 def test_table_from_three_seeds_has_every_new_section():
@@ -206,7 +207,7 @@ def test_table_from_three_seeds_has_every_new_section():
 
 def test_panel_titles_name_only_rows_drawn():
     summary = report.summarise(new_rows())
-    panels = report.figure_panels(summary, 64)
+    panels = figures.figure_panels(summary, 64)
     assert [p.variants for p in panels] == [("O", "E"), ("O", "E", "O+logn")]
     assert panels[0].title == "trained at L = 64: O, E"
     assert "O+logn" in panels[1].title and "for reference O, E" in panels[1].title
@@ -214,19 +215,19 @@ def test_panel_titles_name_only_rows_drawn():
         dict(r, status="error", accuracy=float("nan")) if r["variant"] == "E" else r
         for r in new_rows()
     ]
-    failed = report.figure_panels(report.summarise(rows), 64)
+    failed = figures.figure_panels(report.summarise(rows), 64)
     assert failed[0].variants == ("O",) and failed[0].title == "trained at L = 64: O"
     assert "E" not in failed[1].title and "E" not in failed[1].variants
     alone = [r for r in new_rows() if r["kind"] != "eval-time"]
-    assert len(report.figure_panels(report.summarise(alone), 64)) == 1
+    assert len(figures.figure_panels(report.summarise(alone), 64)) == 1
 
 
 def test_figure_draws_the_floor_and_a_fainter_backoff(tmp_path, monkeypatch):
     drawn = []
-    monkeypatch.setattr(report, "save_figure", lambda fig, path, **kw: drawn.append(fig))
-    report.figure(report.summarise(new_rows()), LENGTHS, 64, tmp_path / "f.png", "t")
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: drawn.append(fig))
+    figures.figure(report.summarise(new_rows()), LENGTHS, 64, tmp_path / "f.png", "t")
     (fig,) = drawn
-    for ax, panel in zip(fig.axes, report.figure_panels(report.summarise(new_rows()), 64),
+    for ax, panel in zip(fig.axes, figures.figure_panels(report.summarise(new_rows()), 64),
                          strict=True):  # fmt: skip
         assert ax.get_title() == panel.title
         lines = {line.get_label(): line for line in ax.get_lines()}
@@ -236,7 +237,7 @@ def test_figure_draws_the_floor_and_a_fainter_backoff(tmp_path, monkeypatch):
         assert backoff.get_alpha() < (floor.get_alpha() or 1.0)
 
 
-@pytest.mark.parametrize("rows", [3, report.LEGEND_INSIDE + 1])
+@pytest.mark.parametrize("rows", [3, figures.LEGEND_INSIDE + 1])
 def test_a_panel_with_many_rows_puts_its_legend_beside_it(rows):
     """Up to LEGEND_INSIDE entries the legend sits inside the panel; beyond that (a table with
     every evaluation-time row has 20) it goes beside the axes, where it covers no curve."""
@@ -248,10 +249,10 @@ def test_a_panel_with_many_rows_puts_its_legend_beside_it(rows):
     fig, ax = plt.subplots()
     for i in range(rows):
         ax.plot([64, 128], [i, i + 1], label=f"row {i}")
-    report.length_axis(ax, [64, 128], 64, "panel")
+    figures.length_axis(ax, [64, 128], 64, "panel")
     fig.canvas.draw()
     legend = ax.get_legend().get_window_extent()
     axes = ax.get_window_extent()
     beside = legend.x0 >= axes.x1
     plt.close(fig)
-    assert beside == (rows > report.LEGEND_INSIDE)
+    assert beside == (rows > figures.LEGEND_INSIDE)

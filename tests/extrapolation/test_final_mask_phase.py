@@ -13,23 +13,22 @@ import torch
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.extrapolation import baseline, report
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.train import (
-    TrainConfig,
-    TrainingBatches,
-    load_checkpoint,
-    train,
-)
+from attnbench.extrapolation.analysis import report
+from attnbench.extrapolation.evaluation import floors as baseline
+from attnbench.extrapolation.experiment.config import load_preset
+from attnbench.extrapolation.training.batches import TrainingBatches
+from attnbench.extrapolation.training.checkpoints import load_checkpoint
+from attnbench.extrapolation.training.loop import train
+from attnbench.extrapolation.training.options import TrainConfig
 from attnbench.runtime.tomlconfig import parse_settings
-from tests.extrapolation.test_training_options import (
+from tests.helpers.extrapolation import (
     COUNTING,
     PINNED_STREAM,
     L,
     tiny_model,
+    train_key,
     whole_windows,
 )
-from tests.helpers.extrapolation import train_key
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

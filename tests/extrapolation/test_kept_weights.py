@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation import weights
-from attnbench.extrapolation.run import run_extrapolate
-from attnbench.extrapolation.train import load_checkpoint
+from attnbench.extrapolation.experiment.run import run_extrapolate
+from attnbench.extrapolation.training import weights
+from attnbench.extrapolation.training.checkpoints import load_checkpoint
 from tests.helpers.extrapolation import make_corpus, run_options, tiny_cfg
 
 pytestmark = pytest.mark.usefixtures("one_thread")

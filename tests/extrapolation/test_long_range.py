@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnbench.extrapolation import longrange
-from attnbench.extrapolation.model import MASK_ID, MixerSpec, ModelConfig, build_model
+from attnbench.extrapolation.evaluation import longrange
+from attnbench.extrapolation.model.encoder import MASK_ID, MixerSpec, ModelConfig, build_model
+from attnbench.extrapolation.training import copies as planting
 
 
 def plain_plant(window: list[int], start: int, d: int, m: int) -> tuple[list[int], list[int]]:
@@ -24,8 +25,8 @@ def plain_plant(window: list[int], start: int, d: int, m: int) -> tuple[list[int
 )
 def test_plant_copies_bytes_from_d_back_in_order(n, d, length):
     tokens = torch.randint(0, 256, (5, n), generator=torch.Generator().manual_seed(1))
-    copies = longrange.plant(tokens, d, length, torch.Generator().manual_seed(2))
-    m = min(length, d - longrange.GAP, n - d)
+    copies = planting.plant(tokens, d, length, torch.Generator().manual_seed(2))
+    m = min(length, d - planting.GAP, n - d)
     assert copies.length == m and copies.distance == d
     for w in range(5):
         start = int(torch.nonzero(copies.region[w])[0])
@@ -33,7 +34,7 @@ def test_plant_copies_bytes_from_d_back_in_order(n, d, length):
         copied, control = plain_plant(tokens[w].tolist(), start, d, m)
         assert copies.tokens[w].tolist() == copied and copies.control[w].tolist() == control
         # the copy's near neighbours are the same text in the copy window and its control
-        near = slice(start - longrange.GAP, start)
+        near = slice(start - planting.GAP, start)
         assert torch.equal(copies.tokens[w, near], copies.control[w, near])
         assert torch.equal(copies.tokens[w, near], tokens[w, near])
         where = copies.region[w].nonzero().flatten()
@@ -43,7 +44,7 @@ def test_plant_copies_bytes_from_d_back_in_order(n, d, length):
 
 def test_recoverable_needs_masked_in_region_and_visible_source():
     tokens = torch.arange(16).view(1, 16)
-    copies = longrange.plant(tokens, 8, 4, torch.Generator().manual_seed(0))
+    copies = planting.plant(tokens, 8, 4, torch.Generator().manual_seed(0))
     mask = torch.zeros(1, 16, dtype=torch.bool)
     start = int(torch.nonzero(copies.region[0])[0])
     mask[0, start] = mask[0, start + 1] = True
@@ -114,7 +115,7 @@ def test_evaluate_reports_every_distance_with_a_no_copy_level():
     assert [r.distance for r in first] == [16, 32, 48] and first == again
     assert all(r.scored > 0 and 0 <= r.no_copy_accuracy <= 100 for r in first)
     for r in first:  # each cell, scored on its own: the copy, and the same bytes without it
-        copies = longrange.plant(
+        copies = planting.plant(
             tokens, r.distance, 64, torch.Generator().manual_seed(7 * 100_003 + r.distance)
         )
         scored = longrange.recoverable(copies, mask)
@@ -125,10 +126,10 @@ def test_evaluate_reports_every_distance_with_a_no_copy_level():
 def test_training_copies_touch_only_the_chosen_share():
     gen = torch.Generator().manual_seed(5)
     tokens = torch.randint(0, 256, (400, 64), generator=gen)
-    out, _ = longrange.plant_training_copies(tokens, 0.5, 64, torch.Generator().manual_seed(6))
+    out, _ = planting.plant_training_copies(tokens, 0.5, 64, torch.Generator().manual_seed(6))
     changed = (out != tokens).any(1)
     assert 0.35 < changed.float().mean() < 0.65
-    assert torch.equal(longrange.plant_training_copies(tokens, 0.0, 64, gen)[0], tokens)
+    assert torch.equal(planting.plant_training_copies(tokens, 0.0, 64, gen)[0], tokens)
     for w in torch.nonzero(changed).flatten()[:20].tolist():
         diff = (out[w] != tokens[w]).nonzero().flatten()  # inside the copy (a byte may match)
         found = [
@@ -140,7 +141,8 @@ def test_training_copies_touch_only_the_chosen_share():
 
 
 def test_training_batches_with_copies_keep_the_masks_and_the_default_draws():
-    from attnbench.extrapolation.train import TrainConfig, TrainingBatches
+    from attnbench.extrapolation.training.batches import TrainingBatches
+    from attnbench.extrapolation.training.options import TrainConfig
 
     stream = torch.randint(0, 256, (5000,), generator=torch.Generator().manual_seed(8))
     stream = stream.to(torch.uint8)
@@ -160,7 +162,7 @@ def test_training_batches_with_copies_keep_the_masks_and_the_default_draws():
 def test_a_run_with_the_long_range_span_writes_both_spans(tmp_path):
     import pandas as pd
 
-    from attnbench.extrapolation.run import run_extrapolate
+    from attnbench.extrapolation.experiment.run import run_extrapolate
     from tests.helpers.extrapolation import make_corpus, run_options, tiny_cfg
 
     cfg = tiny_cfg(make_corpus(tmp_path / "corpus.txt")).override(

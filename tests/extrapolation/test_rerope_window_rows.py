@@ -13,8 +13,12 @@ import torch
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.costreport.mapping import Context, Row, cost_of, tricks_of
-from attnbench.extrapolation.config import load_preset, resolve_eval_time, resolve_variants
-from attnbench.extrapolation.tricks import TrickMixer, parse_tricks
+from attnbench.extrapolation.experiment.config import (
+    load_preset,
+    resolve_eval_time,
+    resolve_variants,
+)
+from attnbench.extrapolation.model.tricks import TrickMixer, parse_tricks
 from tests.helpers.extrapolation import evaluate_rows_on_tiny_o
 
 pytestmark = pytest.mark.usefixtures("one_thread")

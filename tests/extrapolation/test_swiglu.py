@@ -10,8 +10,8 @@ import torch
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.model import (
+from attnbench.extrapolation.experiment.config import load_preset
+from attnbench.extrapolation.model.encoder import (
     FeedForward,
     MixerSpec,
     ModelConfig,

@@ -12,11 +12,11 @@ import torch
 from typer.testing import CliRunner
 
 from attnbench.cli import app
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.distributed import shares
-from attnbench.extrapolation.model import MixerSpec, ModelConfig, build_model
-from attnbench.extrapolation.run import run_extrapolate
-from attnbench.extrapolation.train import BatchSampler
+from attnbench.extrapolation.experiment.config import load_preset
+from attnbench.extrapolation.experiment.run import run_extrapolate
+from attnbench.extrapolation.model.encoder import MixerSpec, ModelConfig, build_model
+from attnbench.extrapolation.training.batches import BatchSampler
+from attnbench.extrapolation.training.distributed import shares
 from tests.helpers.extrapolation import TINY, assert_shares_add_up, make_corpus, run_options
 
 pytestmark = [

@@ -15,9 +15,11 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation import curves
-from attnbench.extrapolation.run import run_extrapolate
-from attnbench.extrapolation.train import CurvePoint, Interrupted, TrainConfig, lr_at
+from attnbench.extrapolation.experiment.run import run_extrapolate
+from attnbench.extrapolation.training import curves
+from attnbench.extrapolation.training.curves import CurvePoint
+from attnbench.extrapolation.training.loop import Interrupted
+from attnbench.extrapolation.training.options import TrainConfig, lr_at
 from tests.helpers.extrapolation import TINY, make_corpus, run_options, tiny_cfg
 
 runner = CliRunner()
@@ -165,8 +167,8 @@ def test_heldout_loss_is_measured_and_changes_no_weight(corpus, tmp_path):
 
 
 def test_heldout_probe_is_fixed_and_spread_over_the_stream():
-    from attnbench.extrapolation.model import MASK_ID
-    from attnbench.extrapolation.train import HeldoutProbe
+    from attnbench.extrapolation.model.encoder import MASK_ID
+    from attnbench.extrapolation.training.batches import HeldoutProbe
 
     stream = torch.arange(1000, dtype=torch.int64) % 250
     probe = HeldoutProbe.from_stream(stream, 16, 10, 0.15, 1234, every=5)
@@ -184,8 +186,8 @@ def test_heldout_probe_is_fixed_and_spread_over_the_stream():
 
 
 def test_heldout_probe_loss_in_slices_is_the_whole_batch_loss():
-    from attnbench.extrapolation.model import build_model
-    from attnbench.extrapolation.train import HeldoutProbe, masked_loss
+    from attnbench.extrapolation.model.encoder import build_model
+    from attnbench.extrapolation.training.batches import HeldoutProbe, masked_loss
 
     cfg = tiny_cfg("x")
     torch.manual_seed(0)
@@ -198,7 +200,7 @@ def test_heldout_probe_loss_in_slices_is_the_whole_batch_loss():
 
 
 def test_heldout_probe_windows_stay_inside_a_huge_stream():
-    from attnbench.extrapolation.train import HeldoutProbe
+    from attnbench.extrapolation.training.batches import HeldoutProbe
 
     stream = torch.zeros(2**25 + 7, dtype=torch.uint8)  # float32 spacing would round past the end
     probe = HeldoutProbe.from_stream(stream, 64, 256, 0.15, 0, every=250)
@@ -361,7 +363,7 @@ def test_plot_curves_bad_input(tmp_path):
 def test_curve_and_checkpoint_writes_are_whole_or_nothing(tmp_path, monkeypatch):
     """A write that fails half-way (a full disk) leaves the previous file as it was and no
     temporary file: the curve CSVs and the checkpoints alike."""
-    from attnbench.extrapolation.train import atomic_save
+    from attnbench.extrapolation.training.checkpoints import atomic_save
 
     target = tmp_path / "curves" / "O-seed0.csv"
     first = [CurvePoint(2, 5.0, 1e-3, 1e4, 0.1)]

@@ -18,45 +18,38 @@ from typer.testing import CliRunner
 
 from attnbench.cli import app
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.distributed import shares
-from attnbench.extrapolation.evaluate import EvalStream, evaluate
-from attnbench.extrapolation.model import (
-    MASK_ID,
-    EvalPositions,
-    MixerSpec,
-    ModelConfig,
-    build_model,
-)
-from attnbench.extrapolation.run import run_extrapolate
-from attnbench.extrapolation.train import (
+from attnbench.extrapolation.evaluation.evaluate import EvalStream, evaluate
+from attnbench.extrapolation.experiment.config import load_preset
+from attnbench.extrapolation.experiment.run import run_extrapolate
+from attnbench.extrapolation.model.encoder import MASK_ID
+from attnbench.extrapolation.model.positions import EvalPositions
+from attnbench.extrapolation.training.batches import (
     BatchSampler,
-    TrainConfig,
     TrainingBatches,
-    check_training_options,
-    load_checkpoint,
     masked_loss,
     share_loss,
-    train,
 )
+from attnbench.extrapolation.training.checkpoints import load_checkpoint
+from attnbench.extrapolation.training.distributed import shares
+from attnbench.extrapolation.training.loop import train
+from attnbench.extrapolation.training.options import TrainConfig, check_training_options
 from attnbench.layers import AttentionMixer, Rotary
 from attnbench.runtime.tomlconfig import parse_settings
-from tests.helpers.extrapolation import TINY, make_corpus, run_options, tiny_cfg
+from tests.helpers.extrapolation import (
+    COUNTING,
+    PINNED_STREAM,
+    TINY,
+    L,
+    make_corpus,
+    run_options,
+    tiny_cfg,
+    tiny_model,
+    whole_windows,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-L = 16  # the training length of these tiny models
 F64 = torch.float64
-#: A stream whose bytes step by one: a window is contiguous iff its bytes do.
-COUNTING = (torch.arange(5000) % 256).to(torch.uint8)
-#: The stream the pinned numbers below were computed on (before the options existed).
-PINNED_STREAM = (torch.arange(4000) * 7919 % 251).to(torch.uint8)
-
-
-def tiny_model(mechanism: str = "softmax", seed: int = 3, **params):
-    torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=16, layers=1, heads=2, train_len=L)
-    return build_model(cfg, MixerSpec(mechanism, params=params))
 
 
 def run_training(cfg: TrainConfig, path: Path, model=None, **kw):
@@ -78,13 +71,6 @@ def run_training(cfg: TrainConfig, path: Path, model=None, **kw):
         **kw,
     )
     return outcome, model, losses
-
-
-def whole_windows(batch) -> torch.Tensor:
-    """The batch's windows with their masked bytes put back."""
-    tokens = batch.inputs.clone()
-    tokens[batch.mask] = batch.targets
-    return tokens
 
 
 # --------------------------------------------------------------------------------------------
@@ -210,7 +196,7 @@ def test_resume_mid_run_equals_an_uninterrupted_run(tmp_path, options):
 def test_heldout_probe_stays_at_the_training_length(tmp_path):
     """The probe's windows are L long and measured at 0..L-1, whatever the options: its loss
     after training is masked_loss of the trained model with no positions."""
-    from attnbench.extrapolation.train import HeldoutProbe
+    from attnbench.extrapolation.training.batches import HeldoutProbe
 
     probe = HeldoutProbe.from_stream(PINNED_STREAM, L, 6, 0.15, seed=2, every=2)
     cfg = TrainConfig(batch=4, steps=4, warmup=1, window_lengths=(4, 8), random_positions=64)

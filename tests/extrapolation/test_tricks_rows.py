@@ -12,9 +12,13 @@ import pytest
 import torch
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.config import load_preset, resolve_eval_time, resolve_variants
-from attnbench.extrapolation.model import MixerSpec, MLMEncoder, ModelConfig, build_model
-from attnbench.extrapolation.tricks import TrickMixer, parse_tricks
+from attnbench.extrapolation.experiment.config import (
+    load_preset,
+    resolve_eval_time,
+    resolve_variants,
+)
+from attnbench.extrapolation.model.encoder import MixerSpec, MLMEncoder, ModelConfig, build_model
+from attnbench.extrapolation.model.tricks import TrickMixer, parse_tricks
 from tests.helpers.extrapolation import evaluate_rows_on_tiny_o
 
 pytestmark = pytest.mark.usefixtures("one_thread")

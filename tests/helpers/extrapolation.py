@@ -1,13 +1,17 @@
 """Tiny extrapolation runs: the CLI flags of a tiny config, a word corpus, a tiny config and run
-options for calling ``run_extrapolate`` from Python (CPU, seconds)."""
+options for calling ``run_extrapolate`` from Python (CPU, seconds); a tiny model and the pinned
+streams of the training tests."""
 
 from __future__ import annotations
 
 import json
 import random
 
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.run import RunOptions, run_extrapolate
+import torch
+
+from attnbench.extrapolation.experiment.config import load_preset
+from attnbench.extrapolation.experiment.run import RunOptions, run_extrapolate
+from attnbench.extrapolation.model.encoder import MixerSpec, ModelConfig, build_model
 from attnbench.runtime.progress import Silent
 
 #: CLI flags of a tiny run: one small layer, 12 steps, three short evaluation lengths.
@@ -16,6 +20,32 @@ TINY = [
     "--steps", "12", "--warmup", "2", "--eval-lengths", "16,32,64", "--eval-tokens", "384",
     "--threads", "1", "--ckpt-every", "5",
 ]  # fmt: skip
+
+#: The training length of the tiny models of the training tests.
+L = 16
+#: A stream whose bytes step by one: a window is contiguous iff its bytes do.
+COUNTING = (torch.arange(5000) % 256).to(torch.uint8)
+#: The stream the pinned numbers below were computed on (before the options existed).
+PINNED_STREAM = (torch.arange(4000) * 7919 % 251).to(torch.uint8)
+
+
+def tiny_model(mechanism: str = "softmax", seed: int = 3, **params):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=16, layers=1, heads=2, train_len=L)
+    return build_model(cfg, MixerSpec(mechanism, params=params))
+
+
+def tiny_encoder(spec: MixerSpec = MixerSpec("softmax"), heads: int = 2):
+    """An encoder of two blocks of width 32 trained at L = 16 (initialised from seed 0)."""
+    torch.manual_seed(0)
+    return build_model(ModelConfig(d_model=32, layers=2, heads=heads, train_len=16), spec)
+
+
+def whole_windows(batch) -> torch.Tensor:
+    """The batch's windows with their masked bytes put back."""
+    tokens = batch.inputs.clone()
+    tokens[batch.mask] = batch.targets
+    return tokens
 
 
 WORD_TEXT = (
@@ -77,7 +107,7 @@ def evaluate_rows_on_tiny_o(tmp_path, rows: str, **settings):
 
 def softmax_key(cfg) -> dict:
     """A softmax variant's checkpoint key under ``cfg`` (seed 0)."""
-    from attnbench.extrapolation.plan import checkpoint_key
+    from attnbench.extrapolation.experiment.plan import checkpoint_key
 
     class Variant:  # checkpoint_key reads the variant's spec only
         class spec:  # noqa: N801
@@ -100,8 +130,8 @@ def assert_shares_add_up(model, batch, windows: int, ranks: int, positions=None,
     import pytest
     import torch
 
-    from attnbench.extrapolation.distributed import shares
-    from attnbench.extrapolation.train import masked_loss, share_loss
+    from attnbench.extrapolation.training.batches import masked_loss, share_loss
+    from attnbench.extrapolation.training.distributed import shares
 
     whole = masked_loss(model, *batch, positions, weights)
     whole.backward()

@@ -19,11 +19,19 @@ class Job:
     seed: int
     saved: Path  # where a training "writes its checkpoint" when stopped
 
+    @property
+    def path(self) -> Path:
+        return self.saved
 
-def ctrl_c_or_save(job: Job) -> str:
+    @property
+    def unit_id(self) -> str:
+        return f"train-{self.variant.label}-seed{self.seed}"
+
+
+def ctrl_c_or_save(job: Job, attempt: int = 1) -> str:
     """Seed 0 gets its Ctrl-C before a training began (KeyboardInterrupt at once); the others
     train until SIGTERM, then take a while to save, then raise Interrupted, as a training does."""
-    from attnbench.extrapolation.train import Interrupted
+    from attnbench.extrapolation.training.loop import Interrupted
 
     if job.seed == 0:
         time.sleep(0.3)  # let the other start

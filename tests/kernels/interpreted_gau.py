@@ -26,10 +26,10 @@ import triton.language as tl  # noqa: E402
 from attnbench.kernels import triton_gau, triton_ops  # noqa: E402
 from attnbench.kernels.triton_gau import Tiles, _key_split, _query_split  # noqa: E402
 from tests.helpers.dense_refs import gau_reference  # noqa: E402
-from tests.kernels.interpreted_triton import (  # noqa: E402
-    _interpreter_bf16_dot_ok,
+from tests.helpers.interpreter import (  # noqa: E402
     check,
     dtype_param,
+    interpreter_bf16_dot_ok,
     make,
 )
 
@@ -38,7 +38,7 @@ HALF = [dtype_param(torch.float16), dtype_param(torch.bfloat16)]
 
 @pytest.fixture
 def half(request):
-    if request.param == torch.bfloat16 and not _interpreter_bf16_dot_ok():
+    if request.param == torch.bfloat16 and not interpreter_bf16_dot_ok():
         pytest.skip("Triton's interpreter computes tl.dot on bf16 wrongly (checked on GPU)")
     return request.param
 

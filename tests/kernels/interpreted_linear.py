@@ -29,7 +29,7 @@ pytest.importorskip("triton", reason="Triton is not installed")
 from attnbench.core.errors import AttnbenchError  # noqa: E402
 from attnbench.kernels import triton_ops  # noqa: E402
 from tests.helpers.dense_refs import make_qkv  # noqa: E402
-from tests.kernels.interpreted_triton import DTYPES, _interpreter_bf16_dot_ok  # noqa: E402
+from tests.helpers.interpreter import DTYPES, interpreter_bf16_dot_ok  # noqa: E402
 
 TILE = 16  # the interpreter is slow; 16 is tl.dot's smallest tile
 SPLITS = 2  # T = 37 in 16-wide tiles: 3 tiles, split 2 + 1 (the last split short and ragged)
@@ -37,7 +37,7 @@ SPLITS = 2  # T = 37 in 16-wide tiles: 3 tiles, split 2 + 1 (the last split shor
 
 @pytest.fixture
 def dtype(request):
-    if request.param == torch.bfloat16 and not _interpreter_bf16_dot_ok():
+    if request.param == torch.bfloat16 and not interpreter_bf16_dot_ok():
         pytest.skip("Triton's interpreter computes tl.dot on bf16 wrongly (checked on GPU)")
     return request.param
 
@@ -250,7 +250,7 @@ def test_wired_bidirectional(case):
     from attnbench.core.spec import Shape
 
     name, overrides, t, dtype = case
-    if dtype == torch.bfloat16 and not _interpreter_bf16_dot_ok():
+    if dtype == torch.bfloat16 and not interpreter_bf16_dot_ok():
         pytest.skip("Triton's interpreter computes tl.dot on bf16 wrongly (checked on GPU)")
     mech = registry.get(name)
     params = mech.resolve(overrides)

@@ -30,7 +30,7 @@ from tests.helpers.dense_refs import (  # noqa: E402
     make_qkv,
     retention_reference,
 )
-from tests.kernels.interpreted_triton import DTYPES, _interpreter_bf16_dot_ok  # noqa: E402
+from tests.helpers.interpreter import DTYPES, interpreter_bf16_dot_ok  # noqa: E402
 
 TILE = 16  # the interpreter is slow; 16 is tl.dot's smallest tile
 GAMMAS = [1.0, 0.5, 0.9]  # a decay per head: none, a fast one, a slow one
@@ -38,7 +38,7 @@ GAMMAS = [1.0, 0.5, 0.9]  # a decay per head: none, a fast one, a slow one
 
 @pytest.fixture
 def dtype(request):
-    if request.param == torch.bfloat16 and not _interpreter_bf16_dot_ok():
+    if request.param == torch.bfloat16 and not interpreter_bf16_dot_ok():
         pytest.skip("Triton's interpreter computes tl.dot on bf16 wrongly (checked on GPU)")
     return request.param
 

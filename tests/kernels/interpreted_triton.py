@@ -19,8 +19,6 @@ import os
 import pytest
 import torch
 
-from attnbench.core.testing import compare_paths
-
 if os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "on", "yes"):
     pytest.skip("needs TRITON_INTERPRET=1 from the start", allow_module_level=True)
 pytest.importorskip("triton", reason="Triton is not installed")
@@ -30,8 +28,13 @@ from tests.helpers.dense_refs import (  # noqa: E402
     flash_global_reference,
     gau_reference,
     linear_reference,
-    make_qkv,
     retention_reference,
+)
+from tests.helpers.interpreter import (  # noqa: E402
+    DTYPES,
+    check,
+    interpreter_bf16_dot_ok,
+    make,
 )
 
 TILE = 16  # the interpreter is slow; 16 is tl.dot's smallest tile
@@ -42,45 +45,11 @@ def ops():
     return triton_ops
 
 
-def _interpreter_bf16_dot_ok() -> bool:
-    """Triton 3.9's interpreter multiplies the raw 16-bit patterns in tl.dot on bf16 operands
-    (a 16x16 product comes out ~1e10 off); probe it instead of assuming either way."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _dot(X, Y):
-        o = tl.arange(0, 16)
-        x = tl.load(X + o[:, None] * 16 + o[None, :])
-        tl.store(Y + o[:, None] * 16 + o[None, :], tl.dot(x, x))
-
-    x = torch.randn(16, 16).bfloat16()
-    y = torch.empty(16, 16)
-    _dot[(1,)](x, y)
-    return bool(torch.allclose(y, x.float() @ x.float(), rtol=1e-2, atol=1e-2))
-
-
-def dtype_param(dtype: torch.dtype):
-    return pytest.param(dtype, id=str(dtype).removeprefix("torch."))
-
-
-DTYPES = [dtype_param(torch.float32), dtype_param(torch.float16), dtype_param(torch.bfloat16)]
-
-
 @pytest.fixture
 def dtype(request, ops):
-    if request.param == torch.bfloat16 and not _interpreter_bf16_dot_ok():
+    if request.param == torch.bfloat16 and not interpreter_bf16_dot_ok():
         pytest.skip("Triton's interpreter computes tl.dot on bf16 wrongly (checked on GPU)")
     return request.param
-
-
-def make(b, h, t, d, dv, dtype, seed=0):
-    return make_qkv(b, h, t, d, dv, dtype, seed=seed)
-
-
-def check(fast, reference, inputs, kwargs=None):
-    verdicts = compare_paths(fast, reference, inputs, kwargs or {})
-    assert all(v.ok for v in verdicts), "; ".join(map(str, verdicts))
 
 
 # --------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from attnbench.core.testing import compare_paths
 from attnbench.measure.memory import cpu_peak
 from attnbench.variants.sparse import cpu_fused
 from tests.helpers.scores import inputs_at_scores
-from tests.mechanisms.test_sparse import AT_1000, SMALL, SPARSE
+from tests.helpers.sparse import AT_1000, SMALL, SPARSE
 
 DIRECTIONS = pytest.mark.parametrize("causal", [False, True], ids=["bidir", "causal"])
 ODD = pytest.mark.parametrize("n", [37, 97])

@@ -25,6 +25,7 @@ from attnbench.runtime.schema import (
     setting,
 )
 from attnbench.runtime.tomlconfig import SuiteText, load, parse_settings
+from tests.helpers.speed import tiny_suite_file
 
 runner = CliRunner()
 
@@ -230,32 +231,18 @@ def test_settings_merge_before_the_check_and_keep_the_file_lines(tmp_path):
 # Both commands
 # --------------------------------------------------------------------------------------------
 
-TINY = """
-[grid]
-mechanisms = ["softmax"]
-path_kinds = ["efficient"]
-device = "cpu"
-lengths = [16]
-reference = ""
-[shape]
-heads = 2
-head_dims = [8]
-[timing]
-threads = 1
-warmup_calls = 1
-warmup_s = 0.0
-rounds = 2
-min_rounds = 1
-block_s = 0.0
-matmul_size = 32
-"""
+#: The tiny suite (tests/fixtures) cut to softmax's efficient path at n = 16, no reference.
+ONE_EFFICIENT_PATH = dict(
+    top={"name": None},
+    grid={"mechanisms": ["softmax"], "path_kinds": ["efficient"], "lengths": [16], "reference": ""},
+    timing={"min_rounds": 1},
+)
 
 
 def test_run_speed_set_changes_the_suite_before_it_is_checked(tmp_path):
     from attnbench.bench.config import load_suite
 
-    suite_file = tmp_path / "tiny.toml"
-    suite_file.write_text(TINY)
+    suite_file = tiny_suite_file(tmp_path, **ONE_EFFICIENT_PATH)
     suite = load_suite(
         str(suite_file), settings=parse_settings(["grid.lengths=32,64", "timing.rounds=3"])
     )
@@ -283,8 +270,7 @@ def test_run_speed_set_changes_the_suite_before_it_is_checked(tmp_path):
     ],
 )
 def test_run_speed_bad_set_is_one_line_naming_it(tmp_path, sets, expect):
-    suite_file = tmp_path / "tiny.toml"
-    suite_file.write_text(TINY)
+    suite_file = tiny_suite_file(tmp_path, **ONE_EFFICIENT_PATH)
     args = ["run", "speed", "--suite", str(suite_file), "--out", str(tmp_path / "out")]
     result = runner.invoke(_app(), [*args, *(a for s in sets for a in ("--set", s))])
     lines = result.stderr.strip().splitlines()
@@ -303,7 +289,7 @@ def test_run_extrapolate_options_and_set_share_one_path():
     """The options that set one field and --set both become settings over the preset: checked
     by the same schema, the error naming the option; --set wins."""
     from attnbench.cli.extrapolate import CONFIG_FIELDS, _config
-    from attnbench.extrapolation.config import load_preset
+    from attnbench.extrapolation.experiment.config import load_preset
 
     params = dict.fromkeys(CONFIG_FIELDS) | {"steps": 5, "eval_lengths": "16,32"}
     cfg = _config("cpu", params, ["train.steps=7", 'run.variants=["O"]', "lr=3e-4"])
@@ -318,9 +304,9 @@ def test_run_extrapolate_options_and_set_share_one_path():
 
 
 def test_extrapolation_sections_check_themselves():
-    from attnbench.extrapolation.config import EvalConfig, RunConfig, load_preset
-    from attnbench.extrapolation.model import ModelConfig
-    from attnbench.extrapolation.train import TrainConfig
+    from attnbench.extrapolation.experiment.config import EvalConfig, RunConfig, load_preset
+    from attnbench.extrapolation.model.encoder import ModelConfig
+    from attnbench.extrapolation.training.options import TrainConfig
 
     with pytest.raises(Invalid, match="not divisible by heads = 3"):
         ModelConfig(d_model=128, heads=3)

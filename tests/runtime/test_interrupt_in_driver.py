@@ -1,6 +1,7 @@
 """Ctrl-C that lands in the driver's own code while worker processes run (while it logs or
-records a result the pool yielded): the running workers are still asked to stop (a training
-saves its checkpoint), not killed, and what they give back while stopping is still handled.
+records a result the runtime handed over: :func:`attnbench.runtime.execute.run_units`): the
+running workers are still asked to stop (a training saves its checkpoint), not killed, and what
+they give back while stopping is still handled.
 
 The jobs below run in spawned worker processes (which import this module): seed 0 ends at
 once, the others "train" until SIGTERM, then save and raise Interrupted, as a training does."""
@@ -13,16 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from attnbench.runtime.processes import consume, run_each_in_a_process
+from attnbench.runtime.execute import Executor, Work, run_units
+from attnbench.runtime.processes import consume
 from tests.helpers.stopping_jobs import Job, Variant
 
 READY = ".ready"  # a training that waits for SIGTERM says so with this file beside its checkpoint
 
 
-def finish_or_save(job: Job) -> str:
+def finish_or_save(job: Job, attempt: int = 1) -> str:
     """Seed 0 returns once every other job is ready for SIGTERM (so that it ends while they
     run); the others wait for SIGTERM, take a while to save, then raise Interrupted."""
-    from attnbench.extrapolation.train import Interrupted
+    from attnbench.extrapolation.training.loop import Interrupted
 
     if job.seed == 0:
         deadline = time.monotonic() + 60
@@ -110,7 +112,7 @@ def test_ctrl_c_while_the_driver_writes_a_ray_result_stops_the_other_tasks_as_ct
     """The Ray pool (a stand-in for Ray): a Ctrl-C while the driver writes the first task's
     checkpoint stops the others as Ctrl-C does, and the one that finishes meanwhile is kept."""
     from attnbench.runtime.ray_tasks import tasks_with_one_retry
-    from tests.runtime.test_runtime import StoppingRay, flaky
+    from tests.helpers.fake_ray import StoppingRay, flaky
 
     ray, handled = StoppingRay(finishing=("c",)), []
 
@@ -136,7 +138,7 @@ def test_ctrl_c_while_the_driver_writes_a_ray_result_stops_the_other_tasks_as_ct
 
 
 def test_ctrl_c_while_the_driver_handles_a_result_stops_the_running_worker_gently(tmp_path):
-    from attnbench.extrapolation.train import Interrupted
+    from attnbench.extrapolation.training.loop import Interrupted
 
     jobs, handled = two_jobs(tmp_path), []
 
@@ -145,20 +147,21 @@ def test_ctrl_c_while_the_driver_handles_a_result_stops_the_running_worker_gentl
         if len(handled) == 1:
             raise KeyboardInterrupt  # while the driver records the first result
 
+    work = Work(finish_or_save, stops=(Interrupted, KeyboardInterrupt))
     with pytest.raises(KeyboardInterrupt):
-        consume(run_each_in_a_process(jobs, finish_or_save, at_once=2), handle)
-    assert [job.seed for job, _ in handled] == [0, 1]
-    assert handled[0][1] == ("ok", "O seed 0: trained")
-    kind, value = handled[1][1]  # the second job got SIGTERM and saved: not killed
-    assert kind == "error" and isinstance(value, Interrupted) and value.path == jobs[1].saved
-    assert jobs[1].saved.read_text() == "checkpoint"
+        run_units(jobs, work, Executor("local", at_once=2), handle)
+    assert [end.job.seed for end in handled] == [0, 1]
+    assert handled[0].ok and handled[0].result == "O seed 0: trained"
+    stopped = handled[1]  # the second job got SIGTERM and saved: not killed
+    assert stopped.stopped and isinstance(stopped.error, Interrupted)
+    assert stopped.error.path == jobs[1].saved and jobs[1].saved.read_text() == "checkpoint"
 
 
 def test_ctrl_c_while_a_finished_training_is_logged_lets_the_other_save(tmp_path):
     """The extrapolation run's driver: a Ctrl-C while it logs the first training's summary
     line ends as every Ctrl-C does, with the other training's checkpoint and its Interrupted."""
-    from attnbench.extrapolation.train import Interrupted
-    from attnbench.extrapolation.units import train_in_processes
+    from attnbench.extrapolation.experiment.units import train_in_processes
+    from attnbench.extrapolation.training.loop import Interrupted
 
     jobs, lines = two_jobs(tmp_path), []
 

@@ -19,8 +19,8 @@ from attnbench.bench.config import load_suite, override
 from attnbench.cli import app
 from attnbench.cli.common import os_error_line
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.config import load_preset
-from attnbench.extrapolation.train import CHECKPOINT_FORMAT, load_checkpoint
+from attnbench.extrapolation.experiment.config import load_preset
+from attnbench.extrapolation.training.checkpoints import CHECKPOINT_FORMAT, load_checkpoint
 from attnbench.measure import machine
 from attnbench.runtime import outputs
 from attnbench.runtime.outputs import ensure_dir, os_error_words
@@ -210,7 +210,7 @@ def test_every_numeric_option_states_its_range_in_help():
 def test_the_extrapolation_options_state_the_schemas_own_range():
     """--d-model and the others set a preset key: their help says what the key's rule says."""
     from attnbench.cli.extrapolate import CONFIG_FIELDS
-    from attnbench.extrapolation.config import PresetFile
+    from attnbench.extrapolation.experiment.config import PresetFile
     from attnbench.runtime.schema import Rule, keys
 
     rules = {".".join(key): f.metadata.get("valid") for key, f in keys(PresetFile)}

@@ -12,7 +12,7 @@ import pytest
 
 from attnbench.bench.sweep import run_sweep
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.run import run_extrapolate
+from attnbench.extrapolation.experiment.run import run_extrapolate
 from attnbench.measure.machine import usable_cores
 from tests.helpers.extrapolation import make_corpus, run_options, tiny_cfg
 from tests.helpers.speed import tiny

@@ -1,16 +1,18 @@
-"""The runtime both experiments share: worker processes whose death is noticed, and Ray tasks
-retried once in a fresh process (with a stand-in for Ray that records what it was asked)."""
+"""The runtime both experiments share: worker processes whose death is noticed, the one way to
+run units (each in a worker process or as a Ray task, retried once in a fresh process), and Ray
+tasks retried once (with a stand-in for Ray that records what it was asked)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
 import pytest
 
-from attnbench.runtime.processes import WorkerProcess, run_each_in_a_process
+from attnbench.runtime.execute import Executor, Work, _ray_ends, _Tally, run_units
+from attnbench.runtime.processes import WorkerProcess
 from attnbench.runtime.ray_tasks import error_reason, tasks_with_one_retry
+from tests.helpers.fake_ray import FakeRay, StoppingRay, flaky
 
 
 def job(x, offset=0):
@@ -55,72 +57,36 @@ def test_exceptions_outside_report_end_the_process():
         strict.stop()
 
 
-def test_each_job_in_its_own_process_several_at_once():
-    jobs = [1, "crash", 2, "raise", 3]
-    with contextlib.closing(run_each_in_a_process(jobs, job, (100,), at_once=3)) as ends:
-        found = dict(ends)
-    assert found[1] == ("ok", 101) and found[2] == ("ok", 102) and found[3] == ("ok", 103)
-    assert found["crash"] == ("died", 70)
-    assert found["raise"][0] == "error" and isinstance(found["raise"][1], ValueError)
+def unit(x, attempt, offset=0):
+    """What the units run: ``x`` as for :func:`job`, or ``"die-once"`` (dies on attempt 1)."""
+    if x == "die-once":
+        return os._exit(70) if attempt == 1 else offset
+    return job(x, offset)
 
 
-class Ref:
-    """A task's result, as Ray's object reference stands for it (hashable, by identity)."""
-
-    def __init__(self, kind, value):
-        self.kind, self.value = kind, value
-
-
-class FakeRay:
-    """Ray's calls as the runtime uses them, run in this process: ``remote`` records its options,
-    ``get`` raises what the task raised."""
-
-    def __init__(self):
-        self.calls: list[tuple[dict, tuple]] = []
-        self.cancelled: list[tuple[object, bool]] = []
-        self.waited: list[float | None] = []
-
-    def remote(self, **options):
-        def wrap(fn):
-            calls = self.calls
-
-            class Task:
-                def remote(self, *args):
-                    calls.append((options, args))
-                    try:
-                        return Ref("value", fn(*args))
-                    except Exception as e:
-                        return Ref("error", e)
-
-            return Task()
-
-        return wrap
-
-    def wait(self, refs, num_returns, timeout=None):
-        self.waited.append(timeout)
-        return refs[:num_returns], refs[num_returns:]
-
-    def get(self, ref):
-        if ref.kind == "error":
-            raise ref.value
-        return ref.value
-
-    def cancel(self, ref, force):
-        self.cancelled.append((ref, force))
+def run(jobs, work, executor):
+    """``run_units``'s ends and the ends it retried."""
+    ends, retried = [], []
+    run_units(jobs, work, executor, ends.append, on_retry=retried.append)
+    return ends, retried
 
 
-class WorkerCrashedError(Exception):
-    pass
-
-
-def flaky(name, attempt):
-    if name == "crash-once" and attempt == 1:
-        raise WorkerCrashedError("the worker died")
-    if name == "always":
-        raise RuntimeError(f"broken on attempt {attempt}\nsecond line")
-    if name == "bad-result" and attempt == 1:
-        return {"status": "failed", "reason": "sticky"}
-    return {"status": "ok", "name": name, "attempt": attempt}
+def test_each_unit_in_its_own_process_several_at_once_a_failed_one_retried_once():
+    jobs = [1, "crash", 2, "raise", 3, "die-once"]
+    ends, retried = run(jobs, Work(unit, (100,)), Executor("local", at_once=3))
+    by = {e.job: e for e in ends}
+    assert len(ends) == len(jobs) and [by[i].index for i in jobs] == list(range(len(jobs)))
+    assert [(by[x].result, by[x].attempt) for x in (1, 2, 3)] == [(101, 1), (102, 1), (103, 1)]
+    crash = by["crash"]
+    assert crash.died and crash.exit_code == 70 and crash.attempt == 2 and not crash.ok
+    assert "exited with code 70" in crash.reason
+    assert isinstance(by["raise"].error, ValueError) and by["raise"].attempt == 2
+    assert by["die-once"].ok and (by["die-once"].result, by["die-once"].attempt) == (100, 2)
+    assert sorted(str(e.job) for e in retried) == ["crash", "die-once", "raise"]
+    assert all(e.attempt == 1 for e in retried)
+    last = max(ends, key=lambda e: e.done + e.failed)
+    assert (last.done, last.failed, last.total) == (4, 2, 6)
+    assert last.tally() == "[4 done, 0 running, 2 failed of 6]"
 
 
 def test_a_failed_task_is_retried_once_in_a_fresh_process():
@@ -154,21 +120,6 @@ def test_a_failed_task_is_retried_once_in_a_fresh_process():
     assert all(o == {"max_retries": 0, "num_cpus": 2} for o in first)
     assert all(o == {"max_retries": 0, "max_calls": 1, "num_cpus": 2} for o in again)
     assert len(again) == 3
-
-
-class StoppingRay(FakeRay):
-    """While stopping (a wait with a timeout), only the tasks of ``finishing`` end in time."""
-
-    def __init__(self, finishing):
-        super().__init__()
-        self.finishing = finishing
-
-    def wait(self, refs, num_returns, timeout=None):
-        if timeout is None:
-            return super().wait(refs, num_returns)
-        self.waited.append(timeout)
-        ended = [r for r in refs if r.kind == "value" and r.value["name"] in self.finishing]
-        return ended, [r for r in refs if r not in ended]
 
 
 def test_ctrl_c_stops_what_is_pending_as_ctrl_c_then_kills_it():
@@ -205,23 +156,50 @@ def test_error_reason_is_one_line():
     assert error_reason(ValueError("x" * 500 + "\nmore")) == "ValueError: " + "x" * 200
 
 
-def test_a_few_workers_share_the_jobs_and_give_results_in_order():
-    from attnbench.runtime.processes import map_in_workers
+def test_a_few_long_lived_workers_share_the_units():
+    ends, _ = run(list(range(7)), Work(unit, (1,)), Executor("local", at_once=3, keep_workers=True))
+    assert sorted((e.index, e.result) for e in ends) == [(i, i + 1) for i in range(7)]
 
-    assert list(map_in_workers(range(7), job, (1,), workers=3)) == [1, 2, 3, 4, 5, 6, 7]
+
+def test_a_result_that_says_it_failed_is_retried_in_a_fresh_process():
+    work = Work(unit, (0,), failed=lambda result: "too big" if result > 5 else None)
+    ends, retried = run([1, 9], work, Executor("local", keep_workers=True))
+    by = {e.job: e for e in ends}
+    assert by[1].ok and by[9].reason == "too big" and by[9].attempt == 2
+    assert [(e.job, e.reason) for e in retried] == [(9, "too big")]
 
 
-@pytest.mark.parametrize(("bad", "error"), [("raise", ValueError), ("crash", Exception)])
-def test_a_failed_job_of_the_workers_raises_once_they_are_stopped(bad, error):
-    from attnbench.runtime.processes import map_in_workers
-
+@pytest.mark.parametrize("bad", ["raise", "crash"])
+def test_a_handler_that_raises_stops_the_units(bad):
     got = []
-    with pytest.raises(error) as caught:
-        for result in map_in_workers([1, 2, bad, 4], job, (0,), workers=2):
-            got.append(result)
-    assert got in ([], [1], [1, 2])  # in order, and nothing after the failed job
-    if bad == "crash":
-        assert "exited with code 70" in str(caught.value)
+
+    def handle(end):
+        if not end.ok:
+            raise RuntimeError(f"unit {end.job} failed twice")
+        got.append(end.result)
+
+    with pytest.raises(RuntimeError, match=f"unit {bad} failed twice"):
+        run_units([1, 2, bad, 4], Work(unit, (0,)), Executor("local", at_once=2), handle)
+    assert set(got) <= {1, 2, 4}
+
+
+def test_on_ray_each_unit_is_a_task_retried_once():
+    """The Ray side of run_units, on the stand-in: shared arguments put once, the options of a
+    first attempt and of a retry in a fresh process, the ends with their counts."""
+    ray, retried = FakeRay(), []
+    executor = Executor("ray", resources={"num_cpus": 2})
+    jobs = ["fine", "crash-once", "always", "bad-result"]
+    work = Work(flaky, failed=lambda r: None if r["status"] == "ok" else r["reason"])
+    ends = list(_ray_ends(ray, jobs, work, executor, _Tally(len(jobs)), retried.append))
+    by = {e.job: e for e in ends}
+    assert by["fine"].ok and by["crash-once"].ok and by["crash-once"].attempt == 2
+    assert by["always"].attempt == 2 and not by["always"].ok and not by["always"].died
+    assert by["bad-result"].ok and by["bad-result"].result["attempt"] == 2
+    assert {e.job: e.died for e in retried} == {"crash-once": True, "always": False,
+                                               "bad-result": False}  # fmt: skip
+    options = ({"max_retries": 0, "num_cpus": 2}, {"max_retries": 0, "max_calls": 1, "num_cpus": 2})
+    assert all(o in options for o, _ in ray.calls)
+    assert max(e.done for e in ends) == 3 and max(e.failed for e in ends) == 1
 
 
 def test_one_unit_record_lists_and_shards_both_experiments_units():

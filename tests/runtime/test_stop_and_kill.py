@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,35 +21,11 @@ from attnbench.runtime import engines
 from attnbench.runtime.outputs import private_name, remove_stale
 from attnbench.runtime.processes import WorkerProcess
 from tests.helpers.extrapolation import make_corpus
+from tests.helpers.processes import ENV, start, wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
 #: One unit of two lengths, timed quickly.
 ONE_UNIT = ["--impl", "softmax", "--no-causal", "--direction", "fwd", "--lengths", "16,32",
             "--rounds", "2", "--device", "cpu", "--threads", "1", "--no-plot"]  # fmt: skip
-
-
-def start(args: list[str], cwd: Path, err: Path) -> subprocess.Popen:
-    """``python -m attnbench ARGS`` with standard error into ``err`` (read while it runs), and
-    Ctrl-C handled as a terminal would deliver it: a test session started in the background of a
-    non-interactive shell (``bash -c 'pytest' &``) has SIGINT ignored, which its children would
-    inherit, and a SIGINT sent to them would then do nothing."""
-    return subprocess.Popen([sys.executable, "-m", "attnbench", *args], cwd=cwd, env=ENV,
-                            stdout=subprocess.DEVNULL, stderr=err.open("w"),
-                            preexec_fn=_default_sigint)  # fmt: skip
-
-
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def wait_for(found, what: str, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := found():
-            return result
-        time.sleep(0.05)
-    raise AssertionError(f"no {what} within {timeout} s")
 
 
 def gone(pid: int) -> bool:
@@ -240,8 +215,8 @@ def test_joining_a_port_that_answers_but_is_no_ray_head_has_a_time_limit():
 def test_a_worker_stopped_before_training_does_not_cut_the_others_saves(tmp_path):
     """One worker's own Ctrl-C (before its training began) stops the run as Ctrl-C does: the
     other workers are asked to stop and their checkpoints are written, not killed half-way."""
-    from attnbench.extrapolation.train import Interrupted
-    from attnbench.extrapolation.units import train_in_processes
+    from attnbench.extrapolation.experiment.units import train_in_processes
+    from attnbench.extrapolation.training.loop import Interrupted
     from tests.helpers.stopping_jobs import Job, Variant, ctrl_c_or_save
 
     jobs = [Job(Variant("O"), seed, tmp_path / f"O-seed{seed}.pt") for seed in (0, 1)]
