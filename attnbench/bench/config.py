@@ -406,13 +406,13 @@ def override(
     if params:
         changes["common_params"] = dict(params)
     out = replace(suite, **changes)
-    device = resolve_device(out.device)
-    if device.type == "cuda" and out.timing.clock == "cpu":
+    resolved = resolve_device(out.device)
+    if resolved.type == "cuda" and out.timing.clock == "cpu":
         raise AttnbenchError(
             "[timing] clock = 'cpu' measures CPU time, which means nothing for CUDA work; "
             "accepted with a GPU: clock = 'wall'"
         )
-    refused = gpu_only_options(out.timing, device)
+    refused = gpu_only_options(out.timing, resolved)
     if refused:
         raise AttnbenchError(refused)
     if any(x is not None for x in (lengths, device, dtype, threads)):

@@ -116,7 +116,10 @@ Peers = Annotated[
         metavar="<str>",
     ),
 ]
-PeerLength = Annotated[int | None, typer.Option("--n", help="With --peer: the length to read.")]
+PeerLength = Annotated[
+    int | None,
+    typer.Option("--n", help="With --peer: the length to read, >= 1 (required with --peer)."),
+]
 PeerCausal = Annotated[
     bool, typer.Option("--causal", help="With --peer: read the causal rows instead.")
 ]
@@ -235,6 +238,8 @@ def _peer_view(
     parsed = [parse_peer(p) for p in peers]
     if n is None:
         raise AttnbenchError("--peer needs --n: the sequence length to read (e.g. --n 8192)")
+    if n < 1:
+        raise AttnbenchError(f"--n {n}: accepted: a sequence length >= 1")
     records = peer_rows(results, n, parsed, causal)
     text = peer_markdown(records, parsed)
     if markdown_file is not None:

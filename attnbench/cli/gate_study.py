@@ -69,7 +69,7 @@ Slow = Annotated[
         "runs only (a busy wait in their processes). Needs --base.",
     ),
 ]
-Factor = Annotated[float, typer.Option("--factor", help="The slowdown of --slow.")]
+Factor = Annotated[float, typer.Option("--factor", help="The slowdown of --slow, > 1 (e.g. 1.3).")]
 Peer = Annotated[
     list[str] | None,
     typer.Option(

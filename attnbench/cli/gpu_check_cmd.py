@@ -32,7 +32,8 @@ def gpu_check_cmd(
         float, typer.Option("--speed-s", help="Seconds of the budget kept for the suites.", min=0)
     ] = 210.0,
     workers: Annotated[
-        int | None, typer.Option(help="Test workers (default: each stage's, within the cores).")
+        int | None,
+        typer.Option(help="Test workers, >= 1 (default: each stage's, within the cores)."),
     ] = None,
     tests: Annotated[
         Path | None, typer.Option(help="The tests folder (default: the checkout's tests/).")
@@ -104,6 +105,8 @@ def _options(out_dir: Path, suite: list[str] | None, budget_s: float, speed_s: f
     suites = (GPU_SUITE, *dict.fromkeys(s for s in (suite or []) if s != GPU_SUITE))
     for name in suites:
         find_suite(name)  # a bad name: one line, before anything runs
+    if workers is not None and workers < 1:
+        raise AttnbenchError(f"--workers {workers}: accepted: a number of test workers >= 1")
     if speed_s >= budget_s:
         raise AttnbenchError(
             f"--speed-s {speed_s:g} leaves no time for the tests in --budget-s "

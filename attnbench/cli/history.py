@@ -27,7 +27,8 @@ HistoryDir = Annotated[
     ),
 ]
 Threshold = Annotated[
-    float, typer.Option(help="Report steps and drifts beyond this factor either way.")
+    float,
+    typer.Option(help="Report steps and drifts beyond this factor either way, > 1 (e.g. 1.1)."),
 ]
 
 
@@ -165,7 +166,7 @@ def report_cmd(
     metric: MetricOption = Metric.auto,
     last: Annotated[
         int | None,
-        typer.Option(help="Plot only the last N commits of each environment (default: all)."),
+        typer.Option(help="Plot only the last N commits of each environment, >= 2 (default: all)."),
     ] = None,
 ) -> None:
     """Write the results history as one static HTML page: a plot per case family, steps marked.
