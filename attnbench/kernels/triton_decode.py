@@ -297,25 +297,40 @@ def _strides(x: Tensor) -> tuple[int, int, int]:
     return x.stride(0), x.stride(1), x.stride(2)
 
 
-#: Key tile of the split kernel (16-bit, fp32), and the most splits a row is cut into.
+#: The split kernel's tiles, 16-bit (True) and float32 (False) inputs: keys a tile, query rows
+#: a program holds at most. Read off ptxas's report for sm_90 (Triton 3.9, D = Dv = 64 and 128
+#: with the divisibility hints of a real launch): 16-bit, 64 keys, 4 warps to 64 x 128 rows x
+#: width, else 8, spill nothing (at most 226 registers). float32 (IEEE dots on the CUDA cores,
+#: both operands in registers) spilled with 32 keys at 4 warps: 512 bytes at 16 rows and D = 128
+#: (SSMax's decode, computed in float32), 1 KB at 32, 16 KB at 128; 8 warps with 32 keys at 16
+#: rows and 16 keys above spill nothing to 64 rows (at most 196 registers; 32 x 32 at D = 128
+#: still spills 460 bytes, 128 rows more).
 SPLIT_TILE = {True: 64, False: 32}
-MAX_SPLITS = 256
-#: Splits the combine reads per step; query rows a program holds at most.
-COMBINE_CHUNK, MAX_ROWS = 32, 128
+MAX_ROWS = {True: 128, False: 64}
+#: The most splits a row is cut into; splits the combine reads per step.
+MAX_SPLITS, COMBINE_CHUNK = 256, 32
+
+
+def split_tiles(half: bool, rows: int, width: int, block: int | None) -> tuple[int, int, int]:
+    """(BM query rows, BN keys, warps) of the split kernel for ``rows`` = G Tq query rows and
+    ``width`` = the padded max(D, Dv) (``block``: a caller's key tile)."""
+    bm = min(MAX_ROWS[half], _pow2(rows))
+    if half:
+        return bm, block or SPLIT_TILE[half], 4 if bm * width <= 64 * 128 else 8
+    return bm, block or (SPLIT_TILE[half] if bm <= 16 else 16), 8
 
 
 def split_plan(
-    rows: int, bhkv: int, length: int, block: int, splits: int | None, device: str
-) -> tuple[int, int, int, int]:
-    """(BM, row blocks, tiles per split, splits): enough programs for about four per
-    multiprocessor (``splits`` when given), never an empty split."""
-    bm = min(MAX_ROWS, _pow2(rows))
+    rows: int, bm: int, bhkv: int, length: int, block: int, splits: int | None, device: str
+) -> tuple[int, int, int]:
+    """(row blocks, tiles per split, splits) for blocks of ``bm`` rows: enough programs for
+    about four per multiprocessor (``splits`` when given), never an empty split."""
     blocks = triton.cdiv(rows, bm)
     n_tiles = triton.cdiv(length, block)
     want = splits or triton.cdiv(4 * _sm_count(device), bhkv * blocks)
     want = max(1, min(want, n_tiles, MAX_SPLITS))
     per = triton.cdiv(n_tiles, want)
-    return bm, blocks, per, triton.cdiv(n_tiles, per)
+    return blocks, per, triton.cdiv(n_tiles, per)
 
 
 def split_softmax(
@@ -336,18 +351,17 @@ def split_softmax(
     HKV, length, DV = keys.shape[1], keys.shape[2], values.shape[-1]
     G = H // HKV
     half = q.dtype in (torch.float16, torch.bfloat16)
-    bn = block or SPLIT_TILE[half]
-    bm, blocks, per, n_splits = split_plan(G * TQ, B * HKV, length, bn, splits, str(q.device))
+    bd, bdv = _pow2(D), _pow2(DV)
+    bm, bn, warps = split_tiles(half, G * TQ, max(bd, bdv), block)
+    blocks, per, n_splits = split_plan(G * TQ, bm, B * HKV, length, bn, splits, str(q.device))
     acc = torch.empty((B * HKV, n_splits, G * TQ, DV), dtype=torch.float32, device=q.device)
     m = torch.empty((B * HKV, n_splits, G * TQ), dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)  # noqa: E741
-    bd, bdv = _pow2(D), _pow2(DV)
     _split_partials[(n_splits, blocks, B * HKV)](
         q, keys, values, acc, m, l,
         *_strides(q), *_strides(keys), *_strides(values),
         HKV, G, TQ, D, DV, length, start, per, n_splits, scale * LOG2E,
-        BM=bm, BN=bn, BD=bd, BDV=bdv, PRECISION="tf32" if half else "ieee",
-        num_warps=4 if bm * max(bd, bdv) <= 64 * 128 else 8,
+        BM=bm, BN=bn, BD=bd, BDV=bdv, PRECISION="tf32" if half else "ieee", num_warps=warps,
     )  # fmt: skip
     o = torch.empty((B, H, TQ, DV), dtype=q.dtype, device=q.device)
     _split_combine[(G * TQ, B * HKV)](

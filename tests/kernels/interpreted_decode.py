@@ -146,7 +146,7 @@ def test_split_softmax_against_dense(heads, kv_heads, tq, splits):
 
 def test_split_softmax_blocks_of_rows(monkeypatch):
     """More rows than a program holds (G Tq = 40 in blocks of 16): three row blocks."""
-    monkeypatch.setattr(triton_decode, "MAX_ROWS", 16)
+    monkeypatch.setitem(triton_decode.MAX_ROWS, False, 16)
     gen = torch.Generator().manual_seed(5)
     q = torch.randn(1, 8, 5, 16, generator=gen)
     keys, values = (torch.randn(1, 1, 37, 16, generator=gen) for _ in "kv")
