@@ -79,7 +79,21 @@ def recurrent_step(
         raise AttnbenchError(f"invalid finish={finish!r}; accepted: {', '.join(FINISHES)}")
     if finish == "rownorm" and ln_gamma is None:
         raise AttnbenchError("rownorm needs the decays (ln_gamma); accepted: a [H] tensor")
-    b, h, _, d = q.shape
+    b, h, tq, d = q.shape
+    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise AttnbenchError(
+            f"recurrent decode step: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}; "
+            f"accepted: k as q, v ({b}, {h}, {tq}, Dv)"
+        )
+    if ln_gamma is not None and (
+        tuple(ln_gamma.shape) != (h,)
+        or ln_gamma.dtype != torch.float32
+        or ln_gamma.device != q.device
+    ):
+        raise AttnbenchError(
+            f"recurrent decode step: ln_gamma {tuple(ln_gamma.shape)} {ln_gamma.dtype} on "
+            f"{ln_gamma.device}; accepted: ({h},) float32 on {q.device}"
+        )
     width = v.shape[-1] + (finish != "none")
     if tuple(state.shape) != (b, h, d, width) or state.dtype != torch.float32:
         raise AttnbenchError(
@@ -114,10 +128,16 @@ def split_softmax(
     _check("split-K softmax decode", q, keys, values, max_v=MAX_HEAD_DIM)
     b, h, tq, _ = q.shape
     hkv, n = keys.shape[1], keys.shape[2]
-    if h % hkv or keys.shape[0] != b or values.shape[:3] != keys.shape[:3]:
+    if (
+        h % hkv
+        or keys.shape[0] != b
+        or keys.shape[-1] != q.shape[-1]
+        or values.shape[:3] != keys.shape[:3]
+    ):
         raise AttnbenchError(
             f"split-K softmax decode: q {tuple(q.shape)}, keys {tuple(keys.shape)}, values "
-            f"{tuple(values.shape)}; accepted: one batch, K/V heads dividing the query heads"
+            f"{tuple(values.shape)}; accepted: one batch, K/V heads dividing the query heads, "
+            "keys as wide as q"
         )
     if not 0 <= start <= n - tq:
         raise AttnbenchError(

@@ -199,10 +199,18 @@ def test_refusals():
         decode_ops.recurrent_step(state, q, q, q, finish="softmax")
     with pytest.raises(AttnbenchError, match="rownorm needs the decays"):
         decode_ops.recurrent_step(torch.zeros(1, 2, 16, 17), q, q, q, finish="rownorm")
+    with pytest.raises(AttnbenchError, match=r"accepted: k as q, v \(1, 2, 1, Dv\)"):
+        decode_ops.recurrent_step(state, q, q[..., :8], q)
+    with pytest.raises(AttnbenchError, match=r"accepted: \(2,\) float32"):
+        decode_ops.recurrent_step(state, q, q, q, ln_gamma=torch.full((3,), -0.1))
+    with pytest.raises(AttnbenchError, match=r"accepted: \(2,\) float32"):
+        decode_ops.recurrent_step(state, q, q, q, ln_gamma=torch.full((2,), -0.1).double())
     keys = torch.randn(1, 2, 8, 16)
     with pytest.raises(AttnbenchError, match="0 <= start <= 7"):
         decode_ops.split_softmax(q, keys, keys, start=8, scale=1.0)
     with pytest.raises(AttnbenchError, match="K/V heads dividing"):
         decode_ops.split_softmax(q, keys[:, :1].expand(1, 3, 8, 16), keys, start=7, scale=1.0)
+    with pytest.raises(AttnbenchError, match="keys as wide as q"):
+        decode_ops.split_softmax(q, keys[..., :8], keys, start=7, scale=1.0)
     with pytest.raises(AttnbenchError, match="power of two >= 16"):
         decode_ops.split_softmax(q, keys, keys, start=7, scale=1.0, block=24)
