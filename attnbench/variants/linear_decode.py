@@ -7,6 +7,9 @@ writes O(d^2) bytes where softmax reads the whole cache.
   product; a step of Tq tokens is exact causal attention inside the block (a Tq x Tq triangle)
   plus phi(Q) S_n, and returns S_{n+Tq} = S_n + phi(K)^T [V, 1] as a new tensor. The state is
   float32 for half inputs, as every path of the mechanism sums in float32.
+* ``triton-recurrent`` (CUDA): the same state (the same prefill), stepped by one Triton kernel
+  (:func:`attnbench.kernels.decode_ops.recurrent_step`): the state read once and written once
+  per call, phi, the normaliser, eps and the cast in registers, every head in one launch.
 * ``fla-recurrent`` (CUDA): FLA's ``fused_recurrent_linear_attn`` stepping from the final
   state the same kernel left after the prompt (FLA's own prefill), with FLA's conventions
   (scale 1, the normaliser's 1e-10: :mod:`attnbench.libraries.fla`).
@@ -24,8 +27,9 @@ from torch import Tensor
 from attnbench.core.capabilities import FLA_CORE
 from attnbench.core.decode import DecodePath, DecodeState
 from attnbench.core.errors import AttnbenchError
-from attnbench.core.precision import HALF, to_dtype
+from attnbench.core.precision import HALF, refuse_overflow, to_dtype
 from attnbench.core.spec import Shape
+from attnbench.kernels import decode_ops
 from attnbench.kernels.triton_ops import REQUIRES
 from attnbench.libraries import fla
 
@@ -83,6 +87,26 @@ def step_with(phi: FeatureMap):
         return to_dtype(o, q.dtype, "linear:recurrent (decode)"), new
 
     return step
+
+
+def triton_step(
+    state: LinearState,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    feature_map: str,
+    normalize: bool,
+    eps: float,
+) -> tuple[Tensor, LinearState]:
+    """Tq new tokens through the Triton recurrent kernel: per token S += phi(k)^T [v, 1],
+    o = phi(q) S, / (phi(q) . z + eps); the state read and written once."""
+    o, s = decode_ops.recurrent_step(
+        state.s, q, k, v, feature_map=feature_map,
+        finish="normalize" if normalize else "none", eps=eps,
+    )  # fmt: skip
+    o = refuse_overflow(o, (q, k, v), "linear:triton-recurrent (decode)")
+    return o, LinearState(state.length + q.shape[2], s)
 
 
 def state_traffic(shape: Shape, params: Mapping[str, Any], itemsize: int) -> tuple[int, int]:
@@ -164,7 +188,8 @@ def fla_step_with(phi: FeatureMap):
 
 
 def decode_forms(phi: FeatureMap) -> tuple[DecodePath, ...]:
-    """``recurrent`` and ``fla-recurrent``, with the mechanism's feature maps ``phi``."""
+    """``recurrent``, ``triton-recurrent`` and ``fla-recurrent``, with the mechanism's feature
+    maps ``phi``."""
     return (
         DecodePath(
             "recurrent",
@@ -174,6 +199,16 @@ def decode_forms(phi: FeatureMap) -> tuple[DecodePath, ...]:
             flops=flops,
             memory="O(d^2) state per head, whatever n",
             note="S = sum phi(K)^T [V, 1]; a step: the block's triangle + phi(Q) S; fp32 state",
+        ),
+        DecodePath(
+            "triton-recurrent",
+            prefill=prefill_with(phi),
+            step=triton_step,
+            traffic=state_traffic,
+            flops=flops,
+            memory="O(d^2) state per head, whatever n",
+            requires=REQUIRES,
+            note="Triton: the fp32 state read and written once a call, phi and normaliser fused",
         ),
         DecodePath(
             "fla-recurrent",

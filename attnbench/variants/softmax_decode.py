@@ -14,6 +14,11 @@ FlashInfer, vLLM and flash-attention's ``flash_attn_with_kvcache`` time. The for
   split-KV shape of Flash-Decoding (Dao, Haziza, Massa and Sizov 2023, "Flash-Decoding for
   long-context inference", https://crfm.stanford.edu/2023/10/12/flashdecoding.html), one tile
   after another in plain torch.
+* ``triton-split`` (CUDA): Flash-Decoding itself, as Triton kernels
+  (:func:`attnbench.kernels.decode_ops.split_softmax`): the cache cut into splits that run in
+  parallel (enough programs to fill the GPU at batch 1), each an online softmax over its key
+  tiles with the G query heads of a K/V head as one block of rows, then one combine. Per-row
+  factors (softmax-logn, SSMax) are folded into q, as for ``sdpa``.
 
 Several new queries at once (Tq > 1) see the keys up to their own position: the causal mask
 aligned to the bottom right of the square. The per-row score factors of softmax-logn
@@ -35,6 +40,8 @@ from torch import Tensor
 
 from attnbench.core.decode import DecodePath, KVCache, cache_traffic, new_rows_mask, positions
 from attnbench.core.precision import HALF
+from attnbench.kernels import decode_ops
+from attnbench.kernels.triton_ops import REQUIRES
 
 #: scale(q, start, **params and extra inputs) -> the score factor of the new rows: a number, or
 #: a tensor broadcasting against [B, H, Tq, 1].
@@ -106,6 +113,25 @@ def sdpa_step(scale: RowScale, in_float32: bool = False) -> Callable[..., Any]:
     return step
 
 
+def triton_split_step(scale: RowScale, in_float32: bool = False) -> Callable[..., Any]:
+    def step(state: KVCache, q: Tensor, k: Tensor, v: Tensor, **kwargs: Any):
+        state = state.append(k, v)
+        start = state.length - q.shape[2]
+        work = _work(q.dtype, in_float32)
+        factor = scale(q, start, **kwargs)
+        keys, values = state.keys(), state.values()
+        if work != q.dtype:  # SSMax in float32: the cache read as float32 (copied, as sdpa)
+            keys, values = keys.to(work), values.to(work)
+        if isinstance(factor, Tensor):  # per-row factors: folded into q, scale 1
+            qs, kernel_scale = q.to(work) * factor, 1.0
+        else:
+            qs, kernel_scale = q.to(work), factor
+        o = decode_ops.split_softmax(qs, keys, values, start=start, scale=kernel_scale)
+        return o.to(q.dtype), state
+
+    return step
+
+
 def tiled_step(state: KVCache, q: Tensor, k: Tensor, v: Tensor, *, tile: int):
     """The cache in tiles of ``tile`` keys, an online softmax (running max m, sum l) across
     them: flash-decoding's split of the cache, one tile after another."""
@@ -136,8 +162,8 @@ def tiled_step(state: KVCache, q: Tensor, k: Tensor, v: Tensor, *, tile: int):
 def cache_forms(
     scale: RowScale = inverse_sqrt_d, *, in_float32: bool = False, shared_kv: bool = False
 ) -> tuple[DecodePath, ...]:
-    """The ``sdpa`` and ``plain`` decode forms of a softmax mechanism whose scores are scaled
-    by ``scale`` (SDPA first: a decoding suite's reference when it names none);
+    """The ``sdpa``, ``plain`` and ``triton-split`` decode forms of a softmax mechanism whose
+    scores are scaled by ``scale`` (SDPA first: a decoding suite's reference when it names none);
     ``in_float32``: half inputs are computed in float32, as its paths do."""
     reads = "the K/V head of each group once" if shared_kv else "every head's K and V"
     return (
@@ -156,6 +182,15 @@ def cache_forms(
             traffic=cache_traffic,
             memory="K/V cache O(n d)",
             note=f"scores against the cache, softmax, times V; reads {reads}",
+        ),
+        DecodePath(
+            "triton-split",
+            prefill=prefill,
+            step=triton_split_step(scale, in_float32),
+            traffic=cache_traffic,
+            memory="K/V cache O(n d)",
+            requires=REQUIRES,
+            note=f"Triton Flash-Decoding: the cache in parallel splits, one combine; {reads}",
         ),
     )
 

@@ -12,9 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 
 from attnbench import registry
-from attnbench.core.spec import Mechanism
+from attnbench.core.decode import DecodePath, decode_outputs
+from attnbench.core.inputs import make_inputs
+from attnbench.core.spec import Mechanism, Shape
+from attnbench.core.testing import FACTOR_OUTPUT, judge
 
 #: Parameters that make the patterns' boundaries fall inside a few tens of tokens.
 SMALL: dict[str, dict[str, Any]] = {
@@ -33,6 +37,10 @@ SMALL: dict[str, dict[str, Any]] = {
     "retention": {"chunk": 8},
     "aft-full": {"chunk": 8},
 }
+
+#: (tokens in the prompt n, the tokens fed after it, step by step): one step of several new
+#: queries; single tokens from an odd prompt; the whole sequence decoded from an empty state.
+SCHEDULES = [(37, [4]), (30, [1] * 11), (0, [1] * 12 + [5])]
 
 #: More settings whose decode arithmetic differs from the default's.
 VARIANTS: dict[str, list[dict[str, Any]]] = {
@@ -66,3 +74,33 @@ def decode_forms() -> list:
         if not p.unavailable("cpu")
         for params in settings(m)
     ]
+
+
+def check_decode(
+    mech: Mechanism,
+    form: DecodePath,
+    params: dict[str, Any],
+    n: int,
+    steps: list[int],
+    dtype: torch.dtype,
+    shape: tuple[int, int, int] = (2, 4, 16),
+) -> None:
+    """The decode contract for one case: ``form`` prefills the first n tokens and feeds
+    ``steps``; its outputs equal rows n .. of ``mech``'s dense causal reference over all the
+    tokens, judged against the float64 oracle by the project's rule. ``shape``: (batch, query
+    heads, head dim)."""
+    total = n + sum(steps)
+    resolved = mech.resolve(params)
+    batch, heads, head_dim = shape
+    full = mech.shape_for(Shape(batch, heads, total, head_dim), resolved)
+    inputs = make_inputs(mech, full, resolved, dtype=dtype, seed=total)
+    with torch.no_grad():
+        oracle = mech.reference(**{k: t.double() for k, t in inputs.items()},
+                                causal=True, **resolved)[:, :, n:]  # fmt: skip
+        baseline = mech.reference(**inputs, causal=True, **resolved)[:, :, n:]
+        decoded, state = decode_outputs(mech, form, inputs, resolved, n, steps)
+    assert decoded.shape == oracle.shape
+    assert decoded.dtype == dtype
+    assert state.length == total
+    verdict = judge("output", decoded, baseline, oracle, FACTOR_OUTPUT, total * full.head_dim)
+    assert verdict.ok, str(verdict)

@@ -16,8 +16,7 @@ from attnbench.core.decode import decode_outputs, no_decode_form, split_tokens
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.inputs import make_inputs
 from attnbench.core.spec import Shape
-from attnbench.core.testing import FACTOR_OUTPUT, judge
-from tests.helpers.decode_cases import decode_forms
+from tests.helpers.decode_cases import SCHEDULES, check_decode, decode_forms
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 16
 
@@ -27,28 +26,12 @@ def extras(tensors: dict) -> dict:
     return {name: t for name, t in tensors.items() if name not in ("q", "k", "v")}
 
 
-#: (tokens in the prompt n, the tokens fed after it, step by step): one step of several new
-#: queries; single tokens from an odd prompt; the whole sequence decoded from an empty state.
-SCHEDULES = [(37, [4]), (30, [1] * 11), (0, [1] * 12 + [5])]
 #: Every dtype, on a mixed schedule (its prompt odd).
 DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
 
 
 def _check(mech, form, params, n, steps, dtype):
-    total = n + sum(steps)
-    resolved = mech.resolve(params)
-    shape = mech.shape_for(Shape(BATCH, HEADS, total, HEAD_DIM), resolved)
-    inputs = make_inputs(mech, shape, resolved, dtype=dtype, seed=total)
-    with torch.no_grad():
-        oracle = mech.reference(**{k: t.double() for k, t in inputs.items()},
-                                causal=True, **resolved)[:, :, n:]  # fmt: skip
-        baseline = mech.reference(**inputs, causal=True, **resolved)[:, :, n:]
-        decoded, state = decode_outputs(mech, form, inputs, resolved, n, steps)
-    assert decoded.shape == oracle.shape
-    assert decoded.dtype == dtype
-    assert state.length == total
-    verdict = judge("output", decoded, baseline, oracle, FACTOR_OUTPUT, total * shape.head_dim)
-    assert verdict.ok, str(verdict)
+    check_decode(mech, form, params, n, steps, dtype, (BATCH, HEADS, HEAD_DIM))
 
 
 @pytest.mark.parametrize(("n", "steps"), SCHEDULES, ids=["block", "tokens", "from-empty"])

@@ -7,6 +7,9 @@ divides at each new row's absolute position, so both normalisations decode exact
   gamma^(n - 1 - m) per key m); a step of Tq tokens is the chunkwise form on one chunk (the
   block's decayed triangle plus Q gamma^(a + 1) S_n) and returns S_{n+Tq} = gamma^Tq S_n +
   K^T (V gamma^(Tq - 1 - j)) as a new tensor, float32 for half inputs.
+* ``triton-recurrent`` (CUDA): the same state (the same prefill), stepped by one Triton kernel
+  (:func:`attnbench.kernels.decode_ops.recurrent_step`): the state read once and written once
+  per call, the decay, 1/sqrt(d), rownorm's factors and the cast in registers.
 * ``fla-recurrent`` (CUDA): FLA's ``fused_recurrent_retention`` stepping from the final state
   the same kernel left after the prompt (FLA's own prefill); normalize=none only, as FLA.
 """
@@ -27,6 +30,7 @@ from attnbench.core.decode import DecodePath, DecodeState
 from attnbench.core.errors import AttnbenchError
 from attnbench.core.precision import HALF
 from attnbench.core.spec import Shape
+from attnbench.kernels import decode_ops
 from attnbench.kernels.triton_ops import REQUIRES
 from attnbench.libraries import fla
 from attnbench.variants.retention.decay import log_gammas, with_ones
@@ -103,6 +107,25 @@ def step(
     return o.to(q.dtype), RetentionState(state.length + tq, s)
 
 
+@functools.lru_cache(maxsize=16)
+def _ln_gammas(heads: int, device: torch.device) -> Tensor:
+    """ln(gamma_h) as float32 ``[H]`` on ``device``, made once (the kernel's decays)."""
+    return log_gammas(heads, "cpu").to(device, torch.float32)
+
+
+def triton_step(
+    state: RetentionState, q: Tensor, k: Tensor, v: Tensor, *, normalize: str
+) -> tuple[Tensor, RetentionState]:
+    """Tq new tokens through the Triton recurrent kernel: per token S <- gamma S + k^T [v, 1],
+    o = q S / sqrt(d), rownorm at the token's absolute position; the state read and written
+    once."""
+    o, s = decode_ops.recurrent_step(
+        state.s, q, k, v, finish=normalize, ln_gamma=_ln_gammas(q.shape[1], q.device),
+        scale=1.0 / math.sqrt(q.shape[-1]), start=state.length,
+    )  # fmt: skip
+    return o, RetentionState(state.length + q.shape[2], s)
+
+
 def state_traffic(shape: Shape, params: Mapping[str, Any], itemsize: int) -> tuple[int, int]:
     """The state read and a new one written: B H D Dv' numbers each, float32 for half inputs."""
     width = shape.dv + (1 if params["normalize"] == "rownorm" else 0)
@@ -126,6 +149,18 @@ RECURRENT = DecodePath(
     flops=flops,
     memory="O(d^2) state per head, whatever n",
     note="S_n = gamma S_{n-1} + K^T V; a step: one chunk of the chunkwise form; fp32 state",
+)
+
+
+TRITON_RECURRENT = DecodePath(
+    "triton-recurrent",
+    prefill=prefill,
+    step=triton_step,
+    traffic=state_traffic,
+    flops=flops,
+    memory="O(d^2) state per head, whatever n",
+    requires=REQUIRES,
+    note="Triton: the fp32 state read and written once a call; decay and rownorm fused",
 )
 
 
@@ -185,4 +220,4 @@ FLA_RECURRENT = DecodePath(
     note="FLA's fused_recurrent_retention from its own prefill's final state; normalize=none",
 )
 
-DECODE = (RECURRENT, FLA_RECURRENT)
+DECODE = (RECURRENT, TRITON_RECURRENT, FLA_RECURRENT)
