@@ -49,7 +49,7 @@ def test_the_report_writes_its_csv_figure_and_markdown(tmp_path):
     out = tmp_path / "out"
     done = invoke("report", ex, sp, "--out", out)
     assert done.exit_code == 0, done.output
-    assert f"wrote {out / 'report.md'}" in done.stdout
+    assert f"wrote {out / 'report.md'}" in done.stdout.replace("\n", "")  # rich wraps paths
     assert "not joined: O+hwfa (n = 64, 256) because the speed CSV has no bidirectional " in (
         done.stderr
     )

@@ -268,7 +268,9 @@ def test_conv_extreme_kernel_is_finite_and_exact(dtype, t, beta, gamma, scale_k)
 
 
 @pytest.mark.parametrize(
-    ("mech", "params"), [(FULL, {"chunk": 8}), (LOCAL, {"s": 4}), (SIMPLE, {})], ids=str
+    ("mech", "params"),
+    [(FULL, {"chunk": 8}), (LOCAL, {"s": 4}), (SIMPLE, {})],
+    ids=lambda v: getattr(v, "name", None) or str(v),
 )
 def test_causal_outputs_ignore_later_positions_and_future_biases(mech, params):
     """Changing q, k, v at positions >= 13 and every bias entry of a pair t' > t leaves outputs
