@@ -86,6 +86,13 @@ ResumeOption = Annotated[bool, typer.Option(help="Continue the checkpoints in th
 EvalOnlyOption = Annotated[
     bool, typer.Option(help="Only re-evaluate finished checkpoints (no training).")
 ]
+FloorsOnlyOption = Annotated[
+    bool,
+    typer.Option(
+        help="Count the floors of the finished run in --out again (today's count rows, on its "
+        "windows and masks; its model rows kept): give the options of the command that made it."
+    ),
+]
 TrainOnlyOption = Annotated[
     bool,
     typer.Option(
@@ -222,6 +229,7 @@ def extrapolate(
     checkpoints: CheckpointsOption = None,
     resume: ResumeOption = False,
     eval_only: EvalOnlyOption = False,
+    floors_only: FloorsOnlyOption = False,
     train_only: TrainOnlyOption = False,
     overwrite: OverwriteOption = False,
     keep_weights: KeepWeightsOption = None,
@@ -281,8 +289,25 @@ def extrapolate(
     opts = _run_options(cfg, ctx.params)
     if list_units:
         _print_units(cfg, opts)
+    elif floors_only:
+        _floors_only(cfg, opts, ctx.params)
     else:
         _run(cfg, opts)
+
+
+def _floors_only(cfg: ExtrapConfig, opts: RunOptions, params: Mapping[str, Any]) -> None:
+    """--floors-only: the run in --out gets today's count rows (no training, no model)."""
+    from attnbench.extrapolation.experiment.recount import recount_floors
+
+    clash = [f"--{k.replace('_', '-')}" for k in ("resume", "eval_only", "train_only", "overwrite")
+             if params[k]]  # fmt: skip
+    if clash or params["out_dir"] is None:
+        raise fail(
+            "--floors-only takes the --out folder of a finished run and the options of its "
+            f"command, not {', '.join(clash) or 'no --out'}"
+        )
+    out.print(recount_floors(cfg, opts), markup=False, highlight=False)
+    err.print(f"wrote {opts.out}", markup=False, highlight=False)
 
 
 def _run(cfg: ExtrapConfig, opts: RunOptions) -> None:

@@ -21,6 +21,7 @@ from attnbench.extrapolation.analysis import stats
 from attnbench.extrapolation.analysis.entropy import theory_offset
 from attnbench.extrapolation.analysis.report import (
     BACKOFF_LABEL,
+    EVAL_MASKS_LABEL,
     FLOOR_LABEL,
     PUBLISHED,
     summarise,
@@ -64,11 +65,15 @@ def figure_panels(summary: pd.DataFrame, train_len: int) -> list[Panel]:
 
 
 def floor_style(variant: str) -> dict[str, Any]:
-    """``count-baseline``: the floor, a black dash-dot line; any other count row (the old
+    """``count-baseline``: the floor, a black dash-dot line; ``count-eval-masks`` (the same table
+    counted at the evaluation's masking rate): a black dotted line; any other count row (the old
     back-off rule): fainter, dashed, labelled as what it is."""
     if variant == FLOOR_LABEL:
         return dict(color="black", linestyle="-.", linewidth=1.2, alpha=1.0,
-                    label=f"{variant} (no model: the floor)")  # fmt: skip
+                    label=f"{variant} (no model: the floor, training-rate masks)")  # fmt: skip
+    if variant == EVAL_MASKS_LABEL:
+        return dict(color="black", linestyle=":", linewidth=1.4, alpha=1.0,
+                    label=f"{variant} (no model: the floor, evaluation-rate masks)")  # fmt: skip
     what = "no model, the old back-off rule" if variant == BACKOFF_LABEL else "no model"
     return dict(color="grey", linestyle="--", linewidth=1.0, alpha=0.5,
                 label=f"{variant} ({what})")  # fmt: skip

@@ -170,6 +170,10 @@ def join_runs(
     df = joined([labelled(run, rows, seeds) for run in runs], rows)
     lines = [f"Made by: `{command}`", ""]
     lines += section(df, contrasts, "Masked-token accuracy (%)")
+    lengths = sorted(int(n) for n in df["eval_len"].unique())
+    probe = report.probe_summary(df.to_dict("records"), lengths)
+    if probe:
+        lines += ["", *probe]
     if with_long_range:
         beyond = joined([long_range(run, rows, seeds) for run in runs], rows)
         train_len = int(beyond["train_len"].iloc[0])

@@ -47,12 +47,17 @@ BASE_COLUMNS = [
 TAIL_COLUMNS = ["model_params", "train_time_s", "train_steps", "eval_time_s", "status", "reason"]
 #: Columns a later attnbench added, last in the header: an older ``extrapolate.csv`` lacks them,
 #: so every reader takes them as optional. ``built_from``: how many examples a count row's table
-#: was counted from (empty for model rows).
+#: was counted from (empty for model rows). Then per layer ``far_mass_l*`` (the attention mass on
+#: keys at least the training length away) and ``score_std_l*`` (the spread of a row's scores),
+#: measured with the entropy (:class:`~attnbench.extrapolation.evaluation.evaluate.EntropyProbe`).
 ADDED_COLUMNS = ["built_from"]
+PROBE_COLUMNS = ("far_mass_l", "score_std_l")
 
 
 def columns(layers: int) -> list[str]:
-    return BASE_COLUMNS + [f"entropy_l{i}" for i in range(layers)] + TAIL_COLUMNS + ADDED_COLUMNS
+    probes = [f"{name}{i}" for name in PROBE_COLUMNS for i in range(layers)]
+    entropy = [f"entropy_l{i}" for i in range(layers)]
+    return BASE_COLUMNS + entropy + TAIL_COLUMNS + ADDED_COLUMNS + probes
 
 
 def write_csv(rows: Sequence[dict[str, Any]], path: Path) -> None:
@@ -372,6 +377,11 @@ def shape_checks(rows: Sequence[dict[str, Any]], variant: str = "E", base: str =
 #: beside it. A CSV written before the fair floor has only ``count-baseline``, with the first
 #: rule's note and no ``built_from``.
 FLOOR_LABEL, BACKOFF_LABEL = "count-baseline", "count-backoff"
+#: The fair table counted at the evaluation's masking rate (the stricter floor when training
+#: masks more than the evaluation).
+EVAL_MASKS_LABEL = "count-eval-masks"
+#: The floors a model row is read against, in the order the tables list them.
+FAIR_FLOORS = (FLOOR_LABEL, EVAL_MASKS_LABEL)
 
 
 @dataclass(frozen=True)
@@ -435,11 +445,15 @@ def count_rows_markdown(
     floors = df[df["kind"] == "baseline"]
     if floors.empty:
         return []
-    against = (
-        f"; read every model row against `{FLOOR_LABEL}`"
-        if FLOOR_LABEL in set(floors["variant"])
-        else ""
-    )
+    fair = [f"`{f}`" for f in FAIR_FLOORS if f in set(floors["variant"])]
+    against = ""
+    if len(fair) == 2:
+        against = (
+            f"; read every model row against both {fair[0]} and {fair[1]}: a row clears the "
+            "floor only above the higher of the two"
+        )
+    elif fair:
+        against = f"; read every model row against {fair[0]}"
     lines = [
         f"Count rows (no model), scored on the same masked positions as the models{against}:",
         "",
@@ -450,6 +464,78 @@ def count_rows_markdown(
                      f"{_built_from(group)}.")  # fmt: skip
     if model is not None:
         lines.append(f"- each trained model, for comparison: {model.text()}.")
+    return lines
+
+
+def floor_margins(
+    rows: Sequence[dict[str, Any]], lengths: Sequence[int], variants: Sequence[str] = ("O", "E")
+) -> list[str]:
+    """Markdown: each of ``variants`` minus each fair floor (:data:`FAIR_FLOORS`) at every
+    length, over seeds (mean [95 % t-interval] p, seeds above the floor); [] without a floor or
+    a model row. The floor has no seed: the interval is the seeds' spread around it."""
+    df = pd.DataFrame(rows)
+    if df.empty or "kind" not in df:
+        return []
+    ok = df[df["status"] == "ok"]
+    floors = [f for f in FAIR_FLOORS if f in set(ok["variant"])]
+    models = [v for v in variants if v in set(ok[ok["kind"] != "baseline"]["variant"])]
+    if not floors or not models:
+        return []
+    head = "| row − floor | " + " | ".join(f"n = {n}" for n in lengths) + " |"
+    lines = [
+        "Margin over each fair floor (points; mean over seeds [95 % t-interval] p, and how many "
+        "seeds are above it; descriptive):",
+        "",
+        head,
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for model in models:
+        for floor in floors:
+            cells = []
+            for n in lengths:
+                level = ok[(ok["variant"] == floor) & (ok["eval_len"] == n)]["accuracy"]
+                seeds = ok[(ok["variant"] == model) & (ok["eval_len"] == n)]["accuracy"]
+                if level.empty or seeds.empty:
+                    cells.append("-")
+                    continue
+                r = stats.paired((seeds - float(level.iloc[0])).tolist())
+                cells.append(_difference_cell(r) if r.count > 1 else f"{r.mean:+.2f}")
+            lines.append(f"| {model} − `{floor}` | " + " | ".join(cells) + " |")
+    return lines
+
+
+def probe_summary(rows: Sequence[dict[str, Any]], lengths: Sequence[int]) -> list[str]:
+    """Markdown: where the attention goes, per model row and length (mean over layers and
+    seeds): the share of the attention mass on keys at least the training length away, and the
+    spread (standard deviation) of a row's scores; [] when the rows hold no probe columns."""
+    df = pd.DataFrame(rows)
+    far = [c for c in df.columns if c.startswith("far_mass_l")]
+    spread = [c for c in df.columns if c.startswith("score_std_l")]
+    if not far or df[far].isna().all().all():
+        return []
+    ok = df[(df["status"] == "ok") & (df["kind"] != "baseline")].copy()
+    ok["far"] = ok[far].apply(pd.to_numeric, errors="coerce").mean(axis=1)
+    ok["spread"] = ok[spread].apply(pd.to_numeric, errors="coerce").mean(axis=1)
+    ok = ok.dropna(subset=["far"])
+    if ok.empty:
+        return []
+    cols = " | ".join(f"n = {n}" for n in lengths)
+    lines = [
+        "Where the attention goes (on the probed windows; mean over layers and seeds): the "
+        "attention mass on keys at least the training length away (%), and in brackets the "
+        "standard deviation of a row's scores as the softmax sees them (nats):",
+        "",
+        f"| row | {cols} |",
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for variant, g in ok.groupby("variant", sort=False):
+        cells = []
+        for n in lengths:
+            at = g[g["eval_len"] == n]
+            cells.append(
+                "-" if at.empty else f"{100 * at['far'].mean():.1f} ({at['spread'].mean():.2f})"
+            )
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -11,9 +11,11 @@ across two pieces; with n not dividing the chunk, each piece's tail is left out 
 how many tokens were evaluated).
 
 :class:`LengthGuard` checks, at every block's mixer, that the sequences reaching the model really
-have the length being evaluated (no silent truncation anywhere). :class:`EntropyProbe` measures the
-mean entropy of attention rows per layer, for any mixer whose operator is q, k, v -> A v with A
-row-stochastic: A is read off as the operator's output for v = the identity.
+have the length being evaluated (no silent truncation anywhere). :class:`EntropyProbe` measures,
+per layer, the mean entropy of attention rows, the share of each row's mass on keys at least the
+training length away (farther than training ever showed), and the spread of each row's scores,
+for any mixer whose operator is q, k, v -> A v with A row-stochastic: A is read off as the
+operator's output for v = the identity.
 """
 
 from __future__ import annotations
@@ -163,6 +165,10 @@ class EvalResult:
     correct: int
     loss_sum: float
     entropy: list[float | None] = field(default_factory=list)
+    #: Per layer: the mean share of a row's mass on keys >= train_len away, and the mean standard
+    #: deviation of a row's (scaled) scores (None where the probe cannot read the rows).
+    far_mass: list[float | None] = field(default_factory=list)
+    score_std: list[float | None] = field(default_factory=list)
     seconds: float = 0.0
     #: Per piece of the span: masked tokens scored and correct (the unit of the bootstrap).
     piece_masked: list[int] = field(default_factory=list)
@@ -217,8 +223,32 @@ def row_entropy(probs: Tensor) -> Tensor:
     return -(p * torch.log(p.clamp_min(1e-300))).sum(-1)
 
 
+def far_mass(probs: Tensor, far: int) -> Tensor:
+    """The mass of every row of probs [..., T, T] on keys j with |i - j| >= ``far``."""
+    T = probs.shape[-1]
+    at = torch.arange(T, device=probs.device)
+    beyond = (at[:, None] - at[None, :]).abs() >= far  # (T, T)
+    return (probs.to(torch.float64) * beyond).sum(-1)
+
+
+def score_std(probs: Tensor) -> Tensor:
+    """The standard deviation of every row's scores over the keys it can see, read off the
+    probabilities: within a row log p_j = s_j - logsumexp(s), so the spread of log p over the
+    keys with p_j > 0 is the spread of the scaled scores (keys masked out, p = 0, are not seen;
+    a score so low that its p underflows to 0 is left out too)."""
+    p = probs.to(torch.float64)
+    seen = p > 0
+    count = seen.sum(-1).clamp_min(1)
+    logp = torch.where(seen, torch.log(p.clamp_min(1e-300)), 0.0)
+    mean = logp.sum(-1) / count
+    var = (torch.where(seen, logp - mean[..., None], 0.0) ** 2).sum(-1) / count
+    return var.sqrt()
+
+
 class EntropyProbe:
-    """Mean attention-row entropy per layer while ``active``.
+    """Mean attention-row entropy per layer while ``active``; with ``far`` (the training
+    length), also the mean row mass on keys at least ``far`` away (:func:`far_mass`) and the
+    mean row score spread (:func:`score_std`).
 
     TrickMixer hands its probabilities over directly (its dense path, while active). For an
     AttentionMixer the probe wraps the layer's path: it calls the mechanism's reference with
@@ -228,12 +258,15 @@ class EntropyProbe:
     Other mixers (whole layers with their own factories) give None.
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, far: int | None = None):
         self.model = model
+        self.far = far
         self._active = False
         self._tricks: list[tuple[int, TrickMixer]] = []  # handed a hook only while active
         n = len(mixers(model))
         self.sums = [0.0] * n
+        self.far_sums = [0.0] * n
+        self.std_sums = [0.0] * n
         self.rows = [0] * n
         self.invalid = [False] * n
         self.supported = [False] * n
@@ -261,6 +294,9 @@ class EntropyProbe:
         h = row_entropy(probs)
         self.sums[i] += h.sum().item()
         self.rows[i] += h.numel()
+        if self.far is not None:
+            self.far_sums[i] += far_mass(probs, self.far).sum().item()
+            self.std_sums[i] += score_std(probs).sum().item()
 
     def __enter__(self) -> EntropyProbe:
         for i, m in enumerate(mixers(self.model)):
@@ -298,8 +334,10 @@ class EntropyProbe:
         for undo in self._undo:
             undo()
 
-    def means(self) -> list[float | None]:
-        flags = zip(self.sums, self.rows, self.supported, self.invalid, strict=True)
+    def means(self, sums: list[float] | None = None) -> list[float | None]:
+        """Per layer, the mean over the recorded rows of ``sums`` (default: the entropy)."""
+        sums = self.sums if sums is None else sums
+        flags = zip(sums, self.rows, self.supported, self.invalid, strict=True)
         return [(s / r) if ok and not bad and r else None for s, r, ok, bad in flags]
 
 
@@ -342,7 +380,8 @@ def evaluate(
     places = [p for p, _, _ in _chunks(where, mask, chunk)] if chunk else [where]
     res = EvalResult(n=n, windows=W, tokens=W * n, masked=0, correct=0, loss_sum=0.0)
     hits = torch.zeros(stream.size, dtype=torch.bool)  # (S,) masked and predicted right
-    with LengthGuard(model) as guard, EntropyProbe(model) as probe:
+    far = getattr(getattr(model, "cfg", None), "train_len", None)
+    with LengthGuard(model) as guard, EntropyProbe(model, far) as probe:
         for (ptoks, pmask, m), ppos in zip(parts, places, strict=True):
             rows = ptoks.shape[0]
             rotary = positions.draw(rows, m) if positions is not None else None
@@ -357,6 +396,8 @@ def evaluate(
                     right = _score(model, ptoks[b0:b1], pmask[b0:b1], res, guard, m, at)
                     hits[ppos[b0:b1][pmask[b0:b1]][right]] = True
         res.entropy = probe.means()
+        if far is not None:
+            res.far_mass, res.score_std = probe.means(probe.far_sums), probe.means(probe.std_sums)
     res.seconds = time.perf_counter() - t0
     expected = int(mask.sum())
     if res.masked != expected:

@@ -17,11 +17,20 @@ backs off to a smaller context whenever any of the neighbours is masked or beyon
 63 % of the masked bytes at 15 % masking). It loses about ten points to the fair floor and so
 flatters every model read against it.
 
+``count-eval-masks`` is the same fair table counted on contexts masked at the evaluation rate
+instead of the training rate (the same training windows drawn with the same seed, masked at
+``eval.mask_prob``, and as many masked examples as the training-rate table): its contexts look
+like the evaluation's, so where training masks more than the evaluation (the ``cpu`` preset: 40 %
+against 15 %) it is the stricter floor. A run whose two rates are equal has only the one table.
+
 Any model row below ``count-baseline`` has learned less about this text than a table of seven-symbol
-counts built from the same examples. Neither depends on n except through the window edges.
+counts built from the same examples; a claim of clearing the floor holds against the higher of the
+two. Neither depends on n except through the window edges.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import torch
@@ -33,6 +42,7 @@ from attnbench.extrapolation.training.options import TrainConfig
 #: Symbols on each side of the masked byte the largest context uses.
 WIDTH = 3
 LABEL = "count-baseline"
+EVAL_MASKS_LABEL = "count-eval-masks"
 BACKOFF_LABEL = "count-backoff"
 #: Context symbols besides the 256 byte values: a masked neighbour, a position beyond the edge.
 MASKED, EDGE = 256, 257
@@ -46,6 +56,15 @@ def describe(width: int = WIDTH) -> str:
         "them ([MASK] and the window edge as symbols), counted over the masked positions of the "
         f"model's own training batches, backing off to +-{width - 1}..+-0 where a context was "
         "never counted"
+    )
+
+
+def describe_eval_masks(rate: float, width: int = WIDTH) -> str:
+    """The fair floor counted at the evaluation's masking rate (``count-eval-masks``)."""
+    return (
+        f"no model: the same +-{width}-symbol table as count-baseline, counted on the model's own "
+        f"training windows masked at the evaluation rate ({rate:.0%}) instead of the training "
+        "rate, from as many masked examples"
     )
 
 
@@ -158,20 +177,43 @@ class MaskedContextCounts:
 
     @classmethod
     def from_training(
-        cls, train: Tensor, cfg: TrainConfig, train_len: int, seed: int, width: int = WIDTH
+        cls,
+        train: Tensor,
+        cfg: TrainConfig,
+        train_len: int,
+        seed: int,
+        width: int = WIDTH,
+        examples: int | None = None,
     ) -> MaskedContextCounts:
         """Counted over the masked positions of the ``cfg.steps`` training batches that
         :func:`~attnbench.extrapolation.training.loop.train` draws with ``seed`` under ``cfg``
-        (window lengths and planted copies included)."""
+        (window lengths and planted copies included). With ``examples``: batches are drawn on
+        past ``cfg.steps`` until exactly that many masked examples are counted (a table counted
+        at a lower masking rate from the same example budget)."""
         batches = TrainingBatches(train, cfg, train_len, seed)
-        parts, centres = [], []
-        for _ in range(cfg.steps):
+        parts, centres, counted, step = [], [], 0, 0
+        while step < cfg.steps if examples is None else counted < examples:
             batch = batches.next()
             hidden = batch.mask.numpy()
             rows, cols = np.nonzero(hidden)
             parts.append(context_symbols(batch.inputs.numpy(), hidden, rows, cols, width))
             centres.append(batch.targets.numpy())
-        return cls(np.concatenate(parts), np.concatenate(centres))
+            counted, step = counted + len(rows), step + 1
+        symbols, bytes_ = np.concatenate(parts), np.concatenate(centres)
+        if examples is not None:
+            symbols, bytes_ = symbols[:examples], bytes_[:examples]
+        return cls(symbols, bytes_)
+
+    @classmethod
+    def at_eval_rate(
+        cls, train: Tensor, cfg: TrainConfig, train_len: int, seed: int, eval_rate: float,
+        examples: int,
+    ) -> MaskedContextCounts:  # fmt: skip
+        """``count-eval-masks``: the training windows of ``seed``, masked at ``eval_rate`` (one
+        rate throughout), counted until ``examples`` masked examples (the training-rate table's
+        count)."""
+        at_rate = dataclasses.replace(cfg, mask_prob=eval_rate, final_mask_prob=0.0)
+        return cls.from_training(train, at_rate, train_len, seed, examples=examples)
 
     def predict(self, tokens: Tensor, mask: Tensor) -> Tensor:
         """The predicted byte at every masked position of windows ``tokens`` [W, n] with ``mask``

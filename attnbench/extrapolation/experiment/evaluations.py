@@ -61,59 +61,73 @@ def _row(cfg, label, kind, seed, res, ckpt, **extra) -> dict[str, Any]:
     }
     for i, h in enumerate(res.entropy):
         row[f"entropy_l{i}"] = h
+    for i, m in enumerate(res.far_mass):
+        row[f"far_mass_l{i}"] = m
+    for i, sd in enumerate(res.score_std):
+        row[f"score_std_l{i}"] = sd
     return row
 
 
 def baseline_rows(cfg: ExtrapConfig, train: Tensor, stream: EvalStream) -> list[dict[str, Any]]:
     """The count floors (:mod:`attnbench.extrapolation.evaluation.floors`) at every evaluation
     length, on the same windows and masks as the models: ``count-baseline`` (the fair, mask-aware
-    table, counted over the masked positions of the first seed's training batches) and
-    ``count-backoff`` (the first rule); one row per floor and length, no seed. ``built_from`` is the
-    number of masked examples each table was counted from."""
-    floors = [
-        (
-            baseline.LABEL,
-            lambda: baseline.MaskedContextCounts.from_training(
-                train, cfg.train, cfg.model.train_len, cfg.run.seed_start
+    table, counted over the masked positions of the first seed's training batches),
+    ``count-eval-masks`` (the same table counted on contexts masked at the evaluation rate, from
+    as many examples; only when the rates differ) and ``count-backoff`` (the first rule); one
+    row per floor and length, no seed. ``built_from`` is the number of masked examples each table
+    was counted from."""
+    fair = baseline.MaskedContextCounts.from_training(
+        train, cfg.train, cfg.model.train_len, cfg.run.seed_start
+    )
+    floors = [(baseline.LABEL, lambda: fair, baseline.describe())]
+    eval_rate = cfg.eval_mask_prob
+    if eval_rate != cfg.train.mask_prob or cfg.train.final_mask_prob:
+        floors.append((
+            baseline.EVAL_MASKS_LABEL,
+            lambda: baseline.MaskedContextCounts.at_eval_rate(
+                train, cfg.train, cfg.model.train_len, cfg.run.seed_start, eval_rate,
+                fair.examples,
             ),
-            baseline.describe(),
-        ),
-        (
-            baseline.BACKOFF_LABEL,
-            lambda: baseline.ContextCounts(train),
-            baseline.describe_backoff(),
-        ),
-    ]
+            baseline.describe_eval_masks(eval_rate),
+        ))  # fmt: skip
+    floors.append(
+        (baseline.BACKOFF_LABEL, lambda: baseline.ContextCounts(train), baseline.describe_backoff())
+    )
+    return [row for label, build, note in floors for row in _floor_rows(cfg, stream, label,
+                                                                       build, note)]  # fmt: skip
+
+
+def _floor_rows(cfg: ExtrapConfig, stream: EvalStream, label: str, build, note: str) -> list[dict]:
+    """One count table's row at every evaluation length."""
+    started = time.perf_counter()
+    counts = build()
     rows = []
-    for label, build, note in floors:
-        started = time.perf_counter()
-        counts = build()
-        for n in cfg.eval.lengths:
-            tokens, mask = stream.windows(n)
-            correct, masked = counts.accuracy(tokens, mask)
-            rows.append(
-                {
-                    "variant": label,
-                    "kind": "baseline",
-                    "applied_to": "",
-                    "mechanism": "",
-                    "path": "",
-                    "params": "",
-                    "note": note,
-                    "seed": None,
-                    "train_len": cfg.model.train_len,
-                    "eval_len": n,
-                    "accuracy": 100.0 * correct / max(1, masked),
-                    "loss": None,  # a count table has no probabilities to score
-                    "masked_tokens": masked,
-                    "windows": tokens.shape[0],
-                    "eval_tokens": tokens.numel(),
-                    "eval_time_s": round(time.perf_counter() - started, 3),
-                    "status": "ok",
-                    "reason": "",
-                    "built_from": counts.examples,
-                }
-            )
+    for n in cfg.eval.lengths:
+        tokens, mask = stream.windows(n)
+        correct, masked = counts.accuracy(tokens, mask)
+        rows.append(
+            {
+                "variant": label,
+                "kind": "baseline",
+                "applied_to": "",
+                "mechanism": "",
+                "path": "",
+                "params": "",
+                "note": note,
+                "seed": None,
+                "train_len": cfg.model.train_len,
+                "eval_len": n,
+                "accuracy": 100.0 * correct / max(1, masked),
+                "loss": None,  # a count table has no probabilities to score
+                "masked_tokens": masked,
+                "windows": tokens.shape[0],
+                "eval_tokens": tokens.numel(),
+                "eval_time_s": round(time.perf_counter() - started, 3),
+                "status": "ok",
+                "reason": "",
+                "built_from": counts.examples,
+            }
+        )
     return rows
 
 

@@ -176,7 +176,9 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
             report.markdown_table(summary, lengths),
             "",
             *([*counts, ""] if counts else []),
+            *([*margins, ""] if (margins := report.floor_margins(rows, lengths)) else []),
             *_differences(rows, lengths, stream),
+            *([*probes, ""] if (probes := report.probe_summary(rows, lengths)) else []),
             *(
                 [
                     "Su 2021's shape, E − O (on the mean, with its sign count and paired t-test; "
