@@ -59,9 +59,10 @@ def test_end_to_end_outputs(trained):
     df = pd.read_csv(out / "extrapolate.csv")
     trained_rows = ["O", "E", "gqa(kv_heads=1)"]
     eval_rows = [f"O+{t}" for t in load_preset("cpu").run.eval_time]
-    order = ["O", *eval_rows, "E", "gqa(kv_heads=1)", "count-baseline", "count-backoff"]
+    order = ["O", *eval_rows, "E", "gqa(kv_heads=1)", "count-baseline", "count-eval-masks",
+             "count-backoff"]  # fmt: skip
     assert list(dict.fromkeys(df["variant"])) == order
-    assert len(df) == (len(trained_rows) + len(eval_rows) + 2) * 3
+    assert len(df) == (len(trained_rows) + len(eval_rows) + 3) * 3  # three count rows
     assert (df["status"] == "ok").all()
     assert set(df["kind"]) == {"trained", "eval-time", "baseline"}
     assert (df[df["kind"] == "eval-time"]["applied_to"] == "O").all()
@@ -110,7 +111,8 @@ def test_eval_only_reuses_checkpoints(trained):
     assert res.exit_code == 0, res.output
     after = pd.read_csv(out / "extrapolate.csv")
     assert set(after["variant"]) == {
-        "O", "O+chunk", "O+ntk+logn", "E", "gqa(kv_heads=1)", "count-baseline", "count-backoff"
+        "O", "O+chunk", "O+ntk+logn", "E", "gqa(kv_heads=1)", "count-baseline", "count-eval-masks",
+        "count-backoff",
     }  # fmt: skip
     assert set(after["eval_len"]) == {16, 32}
     key = ["variant", "seed", "eval_len"]

@@ -225,15 +225,18 @@ def test_panel_titles_name_only_rows_drawn():
 def test_figure_draws_the_floor_and_a_fainter_backoff(tmp_path, monkeypatch):
     drawn = []
     monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: drawn.append(fig))
-    figures.figure(report.summarise(new_rows()), LENGTHS, 64, tmp_path / "f.png", "t")
+    rows = new_rows() + count_rows("count-eval-masks", FAIR_NOTE, 1_843_197)
+    figures.figure(report.summarise(rows), LENGTHS, 64, tmp_path / "f.png", "t")
     (fig,) = drawn
-    for ax, panel in zip(fig.axes, figures.figure_panels(report.summarise(new_rows()), 64),
+    for ax, panel in zip(fig.axes, figures.figure_panels(report.summarise(rows), 64),
                          strict=True):  # fmt: skip
         assert ax.get_title() == panel.title
         lines = {line.get_label(): line for line in ax.get_lines()}
-        floor = lines["count-baseline (no model: the floor)"]
+        floor = lines["count-baseline (no model: the floor, training-rate masks)"]
         backoff = lines["count-backoff (no model, the old back-off rule)"]
+        strict = lines["count-eval-masks (no model: the floor, evaluation-rate masks)"]
         assert floor.get_linestyle() == "-." and backoff.get_linestyle() == "--"
+        assert strict.get_linestyle() == ":" and strict.get_color() == "black"
         assert backoff.get_alpha() < (floor.get_alpha() or 1.0)
 
 
