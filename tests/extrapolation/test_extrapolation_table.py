@@ -236,7 +236,8 @@ def test_figure_draws_the_floor_and_a_fainter_backoff(tmp_path, monkeypatch):
         backoff = lines["count-backoff (no model, the old back-off rule)"]
         strict = lines["count-eval-masks (no model: the floor, evaluation-rate masks)"]
         assert floor.get_linestyle() == "-." and backoff.get_linestyle() == "--"
-        assert strict.get_linestyle() == ":" and strict.get_color() == "black"
+        assert strict.get_linestyle() == "-" and strict.get_color() == "black"
+        assert not strict.get_marker() or strict.get_marker() == "None"
         assert backoff.get_alpha() < (floor.get_alpha() or 1.0)
 
 

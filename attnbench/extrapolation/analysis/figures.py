@@ -66,13 +66,14 @@ def figure_panels(summary: pd.DataFrame, train_len: int) -> list[Panel]:
 
 def floor_style(variant: str) -> dict[str, Any]:
     """``count-baseline``: the floor, a black dash-dot line; ``count-eval-masks`` (the same table
-    counted at the evaluation's masking rate): a black dotted line; any other count row (the old
-    back-off rule): fainter, dashed, labelled as what it is."""
+    counted at the evaluation's masking rate): a thin solid black line without markers (Su 2021's
+    published rows are dotted); any other count row (the old back-off rule): fainter, dashed,
+    labelled as what it is."""
     if variant == FLOOR_LABEL:
         return dict(color="black", linestyle="-.", linewidth=1.2, alpha=1.0,
                     label=f"{variant} (no model: the floor, training-rate masks)")  # fmt: skip
     if variant == EVAL_MASKS_LABEL:
-        return dict(color="black", linestyle=":", linewidth=1.4, alpha=1.0,
+        return dict(color="black", linestyle="-", linewidth=0.9, alpha=1.0,
                     label=f"{variant} (no model: the floor, evaluation-rate masks)")  # fmt: skip
     what = "no model, the old back-off rule" if variant == BACKOFF_LABEL else "no model"
     return dict(color="grey", linestyle="--", linewidth=1.0, alpha=0.5,
