@@ -16,34 +16,13 @@ import torch
 from torch import Tensor
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.kernels.triton_ops import DTYPES, MAX_HEAD_DIM, interpreting
+from attnbench.kernels.triton_ops import MAX_HEAD_DIM, check_call
 
 #: The finishes of a recurrent step (see triton_decode): none, linear attention's normaliser
 #: (z in the state's last column), retention's rownorm (likewise).
 FINISHES = ("none", "normalize", "rownorm")
 #: Feature maps the step applies in registers (the names of attnbench.variants.linear's maps).
 FEATURE_MAPS = ("identity", "relu", "elu+1")
-
-
-def _check(kernel: str, q: Tensor, k: Tensor, v: Tensor, max_v: int | None) -> None:
-    if q.device.type != "cuda" and not interpreting():
-        raise AttnbenchError(
-            f"{kernel}: the Triton kernel needs CUDA tensors (got {q.device.type}); "
-            "on a CPU it runs only under TRITON_INTERPRET=1"
-        )
-    if q.dtype not in DTYPES or not (q.dtype == k.dtype == v.dtype):
-        ok = ", ".join(str(d).removeprefix("torch.") for d in DTYPES)
-        raise AttnbenchError(f"{kernel}: the Triton kernel does not take {q.dtype}; accepted: {ok}")
-    if q.shape[-1] > MAX_HEAD_DIM:
-        raise AttnbenchError(
-            f"{kernel}: head dim {q.shape[-1]} is beyond the Triton kernel's limit; "
-            f"accepted: 1..{MAX_HEAD_DIM}"
-        )
-    if max_v is not None and v.shape[-1] > max_v:
-        raise AttnbenchError(
-            f"{kernel}: value dim {v.shape[-1]} is beyond the Triton kernel's limit; "
-            f"accepted: 1..{max_v}"
-        )
 
 
 def _last_dim_contiguous(x: Tensor) -> Tensor:
@@ -70,7 +49,7 @@ def recurrent_step(
     D, Dv (+1: z, unless finish is "none")]`` float32; ``ln_gamma`` ``[H]`` float32 ln(gamma_h)
     or None (gamma = 1). Returns (o ``[B, H, Tq, Dv]`` in q's dtype, the new state); ``state``
     is left as it was."""
-    _check("recurrent decode step", q, k, v, max_v=None)
+    check_call("recurrent decode step", q, k, v, max_v=None, same_heads=False)
     if feature_map not in FEATURE_MAPS:
         raise AttnbenchError(
             f"invalid feature_map={feature_map!r}; accepted: {', '.join(FEATURE_MAPS)}"
@@ -125,7 +104,7 @@ def split_softmax(
     (Flash-Decoding). q ``[B, H, Tq, D]`` -> ``[B, H, Tq, Dv]``. ``block``: keys a tile (a power
     of two >= 16); ``splits``: splits of the cache (default: enough to fill the GPU); tests
     set both small."""
-    _check("split-K softmax decode", q, keys, values, max_v=MAX_HEAD_DIM)
+    check_call("split-K softmax decode", q, keys, values, max_v=MAX_HEAD_DIM, same_heads=False)
     b, h, tq, _ = q.shape
     hkv, n = keys.shape[1], keys.shape[2]
     if (

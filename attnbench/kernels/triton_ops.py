@@ -48,8 +48,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
-def check_call(kernel: str, q: Tensor, k: Tensor, v: Tensor, *, max_v: int | None) -> None:
-    """Raise AttnbenchError (one line) when the ``kernel`` cannot take this call."""
+def check_call(
+    kernel: str, q: Tensor, k: Tensor, v: Tensor, *, max_v: int | None, same_heads: bool = True
+) -> None:
+    """Raise AttnbenchError (one line) when the ``kernel`` cannot take this call (``same_heads``:
+    as many K/V heads as query heads; the decode kernels share K/V heads by groups)."""
     if q.device.type != "cuda" and not interpreting():
         raise AttnbenchError(
             f"{kernel}: the Triton kernel needs CUDA tensors (got {q.device.type}); "
@@ -68,7 +71,7 @@ def check_call(kernel: str, q: Tensor, k: Tensor, v: Tensor, *, max_v: int | Non
             f"{kernel}: value dim {v.shape[-1]} is beyond the Triton kernel's limit; "
             f"accepted: 1..{max_v}"
         )
-    if k.shape[1] != q.shape[1]:
+    if same_heads and k.shape[1] != q.shape[1]:
         raise AttnbenchError(
             f"{kernel}: the Triton kernel needs as many K/V heads as query heads "
             f"(q {q.shape[1]}, k {k.shape[1]})"
