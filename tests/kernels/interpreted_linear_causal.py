@@ -3,10 +3,17 @@ normaliser and eps inside the chunk kernels) under Triton's CPU interpreter, aga
 float64 oracle written here from the formula, outputs and the gradients of q, k and v: every
 feature map, normalised and not, several eps, B and H > 1, D != Dv, T = 150 in 16-wide tiles
 (10 tiles, the last ragged; the states split into D and Dv tiles), T shorter than a tile, the
-default 64-wide tile; float32 and float16 (bfloat16 where the interpreter's tl.dot is right);
-very negative features, row factors 1 / den below float16's subnormals, values with a mean;
-then the wired ``linear:triton-fused`` path against the mechanism's reference, causal and
-bidirectional.
+default 64-wide tile, inputs in a [B, T, H, D] layout; float32, float16 and bfloat16 (the
+interpreter's bf16 tl.dot replaced by the GPU's arithmetic, exact products summed in float32:
+tests/helpers/interpreter.py); very negative features, row factors 1 / den below float16's
+subnormals, values with a mean; then the wired ``linear:triton-fused`` path against the
+mechanism's reference, causal and bidirectional.
+
+Tolerances: flash-attention's rule (attnbench.core.testing) against the float64 oracle, the same
+for every dtype: an error at most 2x (output) or 3x (gradients) the naive reference's own error
+in the test dtype (half inputs summed in float32, as the mechanism's reference does), plus a
+floor of 2^-19 (float32), 2^-6 (float16) or 2^-4 (bfloat16) of the compared tensor's largest
+entry, and 4 float32 ulps times sqrt(T D) for the order of the sums.
 
 Not collected by default (the name does not start with ``test_``):
 tests/kernels/test_triton_interpret.py runs it in a fresh process with ``TRITON_INTERPRET=1``
@@ -30,7 +37,14 @@ pytest.importorskip("triton", reason="Triton is not installed")
 from attnbench.core.errors import AttnbenchError  # noqa: E402
 from attnbench.kernels import linear_causal_ops, triton_linear_causal  # noqa: E402
 from tests.helpers.dense_refs import make_qkv  # noqa: E402
-from tests.helpers.interpreter import DTYPES, check, interpreter_bf16_dot_ok  # noqa: E402
+from tests.helpers.interpreter import (  # noqa: E402
+    DTYPES,
+    check,
+    interpret_bf16_dots_as_the_gpu,
+    interpreter_bf16_dot_ok,
+)
+
+interpret_bf16_dots_as_the_gpu()
 
 TILE = 16  # the interpreter is slow; 16 is tl.dot's smallest tile
 
@@ -112,7 +126,8 @@ def test_identity_normalised_positive_inputs():
     check(kernel(), causal_linear_reference, inputs, kwargs)
 
 
-HALF_CASES = [("elu+1", True, 1e-6), ("relu", False, 0.0)]
+#: Every map in 16 bits, with and without the normaliser (identity normalised: see above).
+HALF_CASES = [c for c in CASES if c[2] != 0.5]
 
 
 @pytest.mark.parametrize("dtype", DTYPES[1:], indirect=True)
@@ -124,14 +139,25 @@ def test_fwd_bwd_half(dtype, case):
 
 
 @pytest.mark.parametrize(
-    ("t", "block"), [(1, 16), (5, 16), (150, None)], ids=["T1", "T5", "T150-tile64"]
+    ("t", "block"), [(0, 16), (1, 16), (5, 16), (150, None)], ids=["T0", "T1", "T5", "T150-tile64"]
 )
 def test_lengths_and_the_default_tile(t, block):
-    """T = 1 and 5: one tile, mostly padding, no state ever added to; T = 150 on the default
-    64-wide tile (3 tiles, the last of 22)."""
+    """T = 0: nothing launched, an empty output and zero gradients; T = 1 and 5: one tile,
+    mostly padding, no state ever added to; T = 150 on the default 64-wide tile (3 tiles, the
+    last of 22)."""
     kwargs = {"feature_map": "elu+1", "normalize": True, "eps": 1e-6}
     check(kernel(block), causal_linear_reference, make_qkv(2, 2, t, 16, 16, torch.float32,
                                                            seed=t), kwargs)  # fmt: skip
+
+
+def test_strided_inputs():
+    """q, k, v views of [B, T, H, D] tensors (the layout of a projection's output): the
+    kernels read the batch, head and position strides, only the last dim contiguous."""
+    x = make_qkv(2, 3, 37, 16, 24, torch.float32, seed=4)
+    inputs = {n: t.transpose(1, 2).contiguous().transpose(1, 2) for n, t in x.items()}
+    assert not inputs["q"].is_contiguous() and inputs["q"].stride(-1) == 1
+    kwargs = {"feature_map": "elu+1", "normalize": True, "eps": 1e-6}
+    check(kernel(), causal_linear_reference, inputs, kwargs)
 
 
 def test_very_negative_features_do_not_cancel():
