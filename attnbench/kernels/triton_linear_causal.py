@@ -77,6 +77,17 @@ from attnbench.kernels.triton_retention import (
 #: Positions a tile when none is given (the retention kernels' tile).
 TILE = 64
 
+# Launch options: the retention kernels' (_STATES_CONFIG, _TILE_CONFIG, _DQK_CONFIG), checked for
+# these kernels by compiling them for sm_90 without a GPU (Triton 3.9: triton.compile of an
+# ASTSource for GPUTarget("cuda", 90, 32) with TRITON_DUMP_PTXAS_LOG=1, ptxas -v's report; D = Dv
+# = 128, BT = 64, elu + 1, normalised). bf16 and fp16, nothing spilled: the state passes (4 warps,
+# 3 stages) 144-145 registers at 64 x 32 state tiles (37 KB shared), 112-208 at 64 x 64 (reversed:
+# r, delta and the row scaling; 50-57 KB), 70-112 at 32 x 32; _out 165-167 registers at BD = 128
+# with 8 warps (96 KB shared), 142 at 64 with 4; _dv 115-126 and 91; _dqk on 64-wide D slices,
+# 8 warps, 144-146 (24 KB); _delta 48. float32 (IEEE dots on the CUDA cores) spills at these
+# tiles, as the retention kernels' float32 output kernel does (15.6 KB a thread at BD = 128):
+# _out and _dv 18-24 KB, _dqk 14.5 KB, the reversed state pass 0.3-8 KB; the suites run bf16.
+
 
 @triton.jit
 def _load_phi(base, offs_t, stride_t, offs_d, T, D, FMAP: tl.constexpr):
