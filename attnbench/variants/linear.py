@@ -29,6 +29,10 @@ Paths (all compute the same function):
   :mod:`attnbench.kernels.triton_linear` (phi in registers, S = phi(K)^T V and z = sum phi(K)
   summed over T splits in float32 on tensor cores, then phi(Q) S / (phi(Q) . z + eps) per row
   tile; the backward the same two kernel shapes).
+* ``triton-fused`` (fused, CUDA): causal, the chunk kernels of
+  :mod:`attnbench.kernels.triton_linear_causal`, with phi, the normaliser and eps inside them
+  (forward and backward; no elementwise pass or float32 copy outside the kernels); bidirectional,
+  ``triton``'s fused kernels. Beside ``triton`` so that a GPU run times the two side by side.
 
 In the causal efficient paths the normaliser rides along as an extra column of ones appended to
 V (``phi(K)^T [V, 1]`` carries sum phi(K) in its last column); the bidirectional chunkwise path
@@ -55,7 +59,7 @@ from attnbench.core import sources
 from attnbench.core.capabilities import FLA_CORE
 from attnbench.core.precision import float32_sums, refuse_overflow
 from attnbench.core.spec import Mechanism, Param, PathSpec, Shape, positive_int
-from attnbench.kernels import inductor, triton_ops
+from attnbench.kernels import inductor, linear_causal_ops, triton_ops
 from attnbench.libraries import fla, fla_varlen
 from attnbench.variants import linear_decode
 from attnbench.variants.chunks import chunked
@@ -341,6 +345,29 @@ def triton(
     return (num.float() / (den + eps)).to(v.dtype)
 
 
+def triton_fused(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    causal: bool,
+    feature_map: str,
+    normalize: bool,
+    eps: float,
+) -> Tensor:
+    """Causal: :func:`attnbench.kernels.linear_causal_ops.linear_attention_causal`, the
+    feature map, the normaliser phi(Q_t) . sum_{s<=t} phi(K_s) (float32) and eps inside the chunk
+    kernels, forward and backward. Bidirectional: :func:`triton`'s fused kernels. q, k:
+    [B, H, T, D], v: [B, H, T, Dv] (D, Dv <= 128) -> [B, H, T, Dv]. A float16 result past 65504
+    (the unnormalised sum) is refused, never inf."""
+    if not causal:
+        return triton(q, k, v, causal=False, feature_map=feature_map, normalize=normalize, eps=eps)
+    o = linear_causal_ops.linear_attention_causal(
+        q, k, v, feature_map=feature_map, normalize=normalize, eps=eps
+    )
+    return refuse_overflow(o, (q, k, v), "linear:triton-fused")
+
+
 def _fla(form: str) -> Callable[..., Tensor]:
     def fn(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, feature_map: str, normalize: bool):
         """FLA's causal linear attention on phi(Q), phi(K) (the feature map in float32, cast
@@ -427,6 +454,12 @@ MECHANISM = Mechanism(
             triton,
             memory="O(n d + n d^2 / 64) (causal: float32 chunk states, kept for the backward)",
             note="causal: Triton chunkwise kernel, fp32 normaliser; bidirectional: fused kernels",
+        ),
+        triton_ops.fused_path(
+            triton_fused,
+            memory="O(n d + n d^2 / 64) (causal: float32 chunk states, kept for the backward)",
+            note="causal: phi, normaliser and eps inside the Triton chunk kernels; bidir: fused",
+            name="triton-fused",
         ),
         *(
             PathSpec(

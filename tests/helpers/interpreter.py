@@ -44,3 +44,31 @@ def make(b, h, t, d, dv, dtype, seed=0):
 def check(fast, reference, inputs, kwargs=None):
     verdicts = compare_paths(fast, reference, inputs, kwargs or {})
     assert all(v.ok for v in verdicts), "; ".join(map(str, verdicts))
+
+
+def interpret_bf16_dots_as_the_gpu() -> None:
+    """Work around the bf16 tl.dot of Triton's interpreter (see :func:`interpreter_bf16_dot_ok`)
+    in this process: bf16 operands of tl.dot are widened to float32 exactly (a bf16 value is the
+    top half of a float32's bits) before the product, so the dot is what an NVIDIA GPU's bf16
+    tensor-core dot computes, exact products summed in float32. Every other dtype and op runs as
+    Triton interprets it. Only a file that calls this tests its kernels in bf16 on a CPU."""
+    import numpy as np
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    if getattr(builder.create_dot, "widens_bf16", False):
+        return
+    original = builder.create_dot
+
+    def widened(x):
+        if x.dtype.scalar != tl.bfloat16:
+            return x
+        bits = x.data.view(np.uint16).astype(np.uint32) << 16
+        return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        return original(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
+
+    create_dot.widens_bf16 = True
+    builder.create_dot = create_dot

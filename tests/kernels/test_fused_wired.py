@@ -60,6 +60,9 @@ def test_fused_paths_are_wired():
         assert path.kind == "fused" and path.memory
         assert {r.name for r in path.requires} == ({kind} if kind == "flex" else {"cuda", kind})
         assert mech.default_path.kind == "efficient", name
+    fused = registry.get("linear").path("triton-fused")  # beside linear:triton, for the GPU runs
+    assert fused.kind == "fused" and fused.memory
+    assert {r.name for r in fused.requires} == {"cuda", "triton"}
 
 
 @needs_cpu_flex
@@ -126,13 +129,15 @@ def test_triton_path_refusals_are_one_line(name, overrides, causal, match):
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")
-@pytest.mark.parametrize("name", ["linear", "flash"])
-def test_triton_path_function_on_cpu_tensors_says_why(name, monkeypatch):
+@pytest.mark.parametrize(
+    ("name", "path"), [("linear", "triton"), ("linear", "triton-fused"), ("flash", "triton")]
+)
+def test_triton_path_function_on_cpu_tensors_says_why(name, path, monkeypatch):
     """What passes the parameter checks still needs CUDA tensors (or the interpreter)."""
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     inputs, params = _inputs(name, {"chunk": 16} if name == "flash" else {})
     with pytest.raises(AttnbenchError, match="needs CUDA tensors"):
-        registry.get(name).path("triton")(**inputs, causal=True, **params)
+        registry.get(name).path(path)(**inputs, causal=True, **params)
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="checks the message on a machine without CUDA")
