@@ -169,7 +169,8 @@ def test_csv_round_trip_keeps_built_from_and_reads_old_csvs(tmp_path):
     path = tmp_path / "extrapolate.csv"
     report.write_csv(new_rows(), path)
     back = pd.read_csv(path)
-    assert list(back.columns)[-1] == "built_from"
+    added = report.ADDED_COLUMNS
+    assert list(back.columns)[-len(added) :] == added and added[0] == "built_from"
     assert back[back["kind"] != "baseline"]["built_from"].isna().all()  # empty for models
     text = "\n".join(report.count_rows_markdown(back.to_dict("records")))
     assert "built from 1,843,197 examples" in text

@@ -81,12 +81,16 @@ def floor_style(variant: str) -> dict[str, Any]:
 
 
 def figure(
-    summary: pd.DataFrame, lengths: Sequence[int], train_len: int, path: Path, title: str
-) -> None:
+    summary: pd.DataFrame, lengths: Sequence[int], train_len: int, path: Path, title: str,
+    loss: pd.DataFrame | None = None, loss_label: str = "loss", accuracy_label: str = "",
+    published: bool = True,
+) -> None:  # fmt: skip
     """Accuracy vs evaluation length, log2 x axis, one line per variant, error bars the 95 %
     t-interval of the mean over seeds (none with one seed); panels as :func:`figure_panels`
     says. The count rows (no model) in both: ``count-baseline`` as the floor line, any other
-    (``count-backoff``) fainter and dashed.
+    (``count-backoff``) fainter and dashed. ``loss``: the same summary of the loss (``loss_label``
+    its axis), drawn below the accuracy panels with the same rows. ``published``: Su 2021's
+    rows in the trained panel (an MLM's; not beside a causal model's).
     """
     import matplotlib
 
@@ -94,64 +98,73 @@ def figure(
     import matplotlib.pyplot as plt
 
     kinds = dict(zip(summary["variant"], summary["kind"], strict=False))
-    floors = _drawn(summary, "baseline")
     panels = figure_panels(summary, train_len)
-    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 5.2), squeeze=False)
+    grid = 2 if loss is not None else 1
+    fig, axes = plt.subplots(grid, len(panels), figsize=(7.5 * len(panels), 5.2 * grid),
+                             squeeze=False)  # fmt: skip
     colours = plt.get_cmap("tab20").colors
     colour = {v: colours[(2 * i) % 20 + (2 * i // 20) % 2] for i, v in enumerate(kinds)}
+    accuracy = accuracy_label or "masked-token accuracy (%)"
     for ax, panel in zip(axes[0], panels, strict=True):
-        for variant in panel.variants:
-            g = summary[summary["variant"] == variant].dropna(subset=["mean"])
-            g = g.sort_values("eval_len")
-            kind = kinds[variant]
-            pairs = zip(g["std"], g["count"], strict=True)
-            half = [stats.interval_half_width(sd, int(c)) for sd, c in pairs]
-            ax.errorbar(
-                g["eval_len"],
-                g["mean"],
-                yerr=[0.0 if math.isnan(h) else h for h in half],
-                label=variant if kind == "trained" else f"{variant} (eval-time)",
-                color=colour[variant],
-                linestyle="-" if kind == "trained" else "--",
-                marker="o" if kind == "trained" else "s",
-                markersize=4,
-                capsize=3,
-                linewidth=2.2 if variant in ("O", "E") else 1.3,
-            )
-        for variant in floors:
+        _draw(ax, summary, panel.variants, kinds, colour)
+        for variant in _drawn(summary, "baseline"):
             g = summary[summary["variant"] == variant].dropna(subset=["mean"])
             g = g.sort_values("eval_len")
             ax.plot(g["eval_len"], g["mean"], **floor_style(variant))
-        if panel.published:
+        if panel.published and published:
             for pname, values in PUBLISHED.items():
                 xs = [n for n in lengths if n in values]
-                ax.plot(
-                    xs,
-                    [values[n] for n in xs],
-                    linestyle=":",
-                    color="grey" if pname.endswith("O") else "black",
-                    marker=".",
-                    label=f"{pname} (published, other data)",
-                )
-        length_axis(ax, lengths, train_len, panel.title)
+                ax.plot(xs, [values[n] for n in xs], linestyle=":", marker=".",
+                        color="grey" if pname.endswith("O") else "black",
+                        label=f"{pname} (published, other data)")  # fmt: skip
+        length_axis(ax, lengths, train_len, panel.title, accuracy)
+    if loss is not None:
+        for ax, panel in zip(axes[1], panels, strict=True):
+            drawn = [v for v in panel.variants if v in set(loss["variant"])]
+            _draw(ax, loss, drawn, kinds, colour)
+            length_axis(ax, lengths, train_len, f"{loss_label}: the same rows", loss_label)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
     plt.close(fig)
 
 
+def _draw(ax: Any, summary: pd.DataFrame, variants: Sequence[str], kinds: dict[str, str],
+          colour: dict[str, Any]) -> None:  # fmt: skip
+    """One line per variant of ``summary``: its mean against n, error bars the 95 % t-interval."""
+    for variant in variants:
+        g = summary[summary["variant"] == variant].dropna(subset=["mean"])
+        g = g.sort_values("eval_len")
+        kind = kinds.get(variant, "trained")
+        pairs = zip(g["std"], g["count"], strict=True)
+        half = [stats.interval_half_width(sd, int(c)) for sd, c in pairs]
+        ax.errorbar(
+            g["eval_len"],
+            g["mean"],
+            yerr=[0.0 if math.isnan(h) else h for h in half],
+            label=variant if kind == "trained" else f"{variant} (eval-time)",
+            color=colour[variant],
+            linestyle="-" if kind == "trained" else "--",
+            marker="o" if kind == "trained" else "s",
+            markersize=4,
+            capsize=3,
+            linewidth=2.2 if variant in ("O", "E") else 1.3,
+        )
+
+
 #: The most legend entries a panel keeps inside its axes; more go beside it.
 LEGEND_INSIDE = 8
 
 
-def length_axis(ax: Any, lengths: Sequence[int], train_len: int, title: str) -> None:
+def length_axis(ax: Any, lengths: Sequence[int], train_len: int, title: str,
+                ylabel: str = "masked-token accuracy (%)") -> None:  # fmt: skip
     """An accuracy-against-length panel's axes: log2 n with the lengths as ticks, L marked."""
     ax.axvline(train_len, color="grey", linewidth=0.8, alpha=0.6)
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(lengths))
     ax.set_xticklabels([str(n) for n in lengths])
     ax.set_xlabel(f"evaluation length n (trained at L = {train_len})")
-    ax.set_ylabel("masked-token accuracy (%)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
     if len(ax.get_legend_handles_labels()[1]) > LEGEND_INSIDE:
@@ -194,16 +207,37 @@ def figure_from_csv(path: Path | str, out_dir: Path | None = None, fmt: str = "p
     train_len = int(rows[0]["train_len"])
     seeds = len({r["seed"] for r in rows if r["kind"] == "trained"})
     preset = config.get("preset")
+    causal = (config.get("model") or {}).get("objective") == "clm"
     title = (
-        f"MLM accuracy (%) vs length, trained at L={train_len}"
+        f"{accuracy_words(causal)} vs length, trained at L={train_len}"
         + (f", preset {preset}" if preset else "")
         + f", {seeds} seed{'s' if seeds != 1 else ''}"
     )
     lengths = sorted({int(r["eval_len"]) for r in rows})
     out = ensure_dir(out_dir if out_dir is not None else path.parent, "--out folder")
     target = out / f"accuracy_vs_length.{fmt}"
-    figure(summarise(rows), lengths, train_len, target, title)
+    draw(rows, lengths, train_len, target, title, causal)
     return target
+
+
+def accuracy_words(causal: bool) -> str:
+    """What the accuracy is, for a title or an axis."""
+    return "Next-byte accuracy (%)" if causal else "MLM accuracy (%)"
+
+
+def draw(rows: Sequence[dict[str, Any]], lengths: Sequence[int], train_len: int, path: Path,
+         title: str, causal: bool) -> None:  # fmt: skip
+    """The figure of a run's rows: accuracy above, and the loss below when the rows have any
+    (an older CSV's may not), in the objective's unit (:mod:`.loss_report`)."""
+    from attnbench.extrapolation.analysis import loss_report
+
+    models = loss_report.shown([r for r in rows if r["kind"] != "baseline"], causal)
+    loss = None
+    if not models.empty and models[loss_report.SHOWN].notna().any():
+        loss = summarise(models, loss_report.SHOWN)
+    accuracy = "next-byte accuracy (%)" if causal else "masked-token accuracy (%)"
+    figure(summarise(rows), lengths, train_len, path, title, loss,
+           f"loss ({loss_report.unit(causal)})", accuracy, published=not causal)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
