@@ -314,7 +314,12 @@ def test_eval_time_rows_skip_an_o_without_rope(tmp_path):
     )
     result = run_extrapolate(cfg, run_options(tmp_path / "out"))
     assert any("O here has position alibi" in n for n in result.notes)
-    assert {r["variant"] for r in result.rows} == {"O", "count-baseline", "count-backoff"}
+    assert {r["variant"] for r in result.rows} == {
+        "O",
+        "count-baseline",
+        "count-eval-masks",
+        "count-backoff",
+    }
 
 
 def test_a_tiny_causal_run_writes_loss_and_the_per_position_view(tmp_path):
