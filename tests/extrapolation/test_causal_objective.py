@@ -308,6 +308,33 @@ def test_a_variant_table_with_a_position_is_checked_when_read(tmp_path):
         load_preset(str(preset), parse_settings([]))
 
 
+@pytest.mark.parametrize(
+    ("settings", "where"),
+    [
+        (["model.position=alibi", "run.variants=softmax:efficient"], "model"),
+        (["model.objective=clm", "model.position=t5", "run.variants=softmax:sdpa-flash"], "model"),
+    ],
+)
+def test_a_path_with_a_bias_on_the_scores_is_refused(tmp_path, settings, where):
+    """ALiBi, T5 and xPos are computed by attnbench's own mixer: a registry path named beside
+    them would be written into the row while the mixer ran instead, so it is refused."""
+    args = ["run", "extrapolate", "--out", str(tmp_path)]
+    for s in settings:
+        args += ["--set", s]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "computes softmax without position" in result.output, where
+    assert "Traceback" not in result.output
+
+
+def test_a_variant_table_with_a_path_and_a_bias_is_refused_when_read(tmp_path):
+    preset = tmp_path / "p.toml"
+    preset.write_text('[model]\nobjective = "clm"\n[variants.bad]\nmechanism = "softmax"\n'
+                      'path = "efficient"\nposition = "alibi"\n')  # fmt: skip
+    with pytest.raises(AttnbenchError, match=r"\[variants.bad\].*path efficient computes"):
+        load_preset(str(preset), parse_settings([]))
+
+
 def test_eval_time_rows_skip_an_o_without_rope(tmp_path):
     cfg = tiny_cfg(make_corpus(tmp_path / "c.txt")).override(
         {"variants": "O", "eval_time": "logn", "position": "alibi", "steps": 2, "lengths": "16"}

@@ -16,7 +16,9 @@ from attnbench.extrapolation.model.encoder import MixerSpec, ModelConfig, build_
 from attnbench.extrapolation.model.position_encodings import (
     XPOS_SCALE_BASE,
     T5Bias,
+    alibi_bias,
     alibi_slopes,
+    row_note,
     t5_bucket,
 )
 from attnbench.extrapolation.model.position_mixer import PositionMixer
@@ -245,6 +247,24 @@ def test_float32_and_bfloat16_stay_near_the_float64_formula(position, causal):
         got = mixer.to(dtype)(x.to(dtype)).double()
         torch.testing.assert_close(got, want, rtol=tol, atol=tol * want.abs().max().item())
         mixer.double()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_alibi_bias_rounds_once_at_distances_a_low_precision_integer_cannot_hold(dtype):
+    """-m |i - j| for distances up to 4095 (bfloat16 holds integers exactly only up to 256):
+    the float64 product rounded once to the dtype, never a rounded distance times m."""
+    slopes = torch.tensor(alibi_slopes(6), dtype=torch.float64)  # not powers of two
+    got = alibi_bias(slopes.to(dtype), 4096)
+    pos = torch.arange(4096, dtype=torch.float64)
+    exact = -slopes.to(dtype).double()[:, None, None] * (pos[:, None] - pos[None, :]).abs()
+    assert torch.equal(got, exact.to(dtype))  # one rounding of the exact value
+    assert got[0, 4095, 0].item() == exact[0, 4095, 0].to(dtype).item() != 0
+
+
+def test_alibi_rows_of_the_bidirectional_encoder_say_they_are_adapted():
+    assert "adapted for a bidirectional encoder" in row_note("alibi", causal=False)
+    assert row_note("alibi", causal=True) == ""
+    assert row_note("t5", causal=False) == row_note("rope", causal=False) == ""
 
 
 def test_alibi_and_t5_at_lengths_beyond_training():

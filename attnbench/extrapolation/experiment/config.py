@@ -32,6 +32,7 @@ from attnbench.extrapolation.model.encoder import (
     ModelConfig,
     variant_position_problem,
 )
+from attnbench.extrapolation.model.position_encodings import ON_SCORES
 from attnbench.extrapolation.model.tricks import Tricks, parse_tricks, settings_problem
 from attnbench.extrapolation.training.options import TrainConfig
 from attnbench.measure import machine
@@ -304,7 +305,7 @@ def _config(
     text: SuiteText, preset: str, description: str, variants: Mapping[str, MixerSpec]
 ) -> ExtrapConfig:
     file = read_section(text, text.data, PresetFile)
-    _check_variant_defs(text, file.variants, file.model.objective)
+    _check_variant_defs(text, file.variants, file.model.objective, file.model.position)
     _refuse_what_the_objective_cannot_do(text, file)
     _refuse_what_this_machine_cannot_run(text, file)
     return ExtrapConfig(
@@ -319,15 +320,16 @@ def _config(
 
 
 def _check_variant_defs(
-    text: SuiteText, variants: Mapping[str, MixerSpec], objective: str = "mlm"
-) -> None:
+    text: SuiteText, variants: Mapping[str, MixerSpec], objective: str = "mlm",
+    position: str = "rope",
+) -> None:  # fmt: skip
     """Every ``[variants.NAME]`` table of the file names a mechanism that can be trained, with
     parameters it accepts, whether or not ``run.variants`` selects it: a preset with a broken
     table is a broken file (before, one left unselected went by unnoticed until someone selected
     it, maybe hours into a run)."""
     for name, spec in variants.items():
         try:
-            resolve_spec(spec, name, objective=objective)
+            resolve_spec(spec, name, objective=objective, model_position=position)
         except AttnbenchError as e:
             raise text.error(("variants", name, "mechanism"), f"[variants.{name}] {e}") from None
 
@@ -449,12 +451,14 @@ class EvalTimeVariant:
 
 
 def resolve_spec(
-    spec: MixerSpec, label: str, mech: Mechanism | None = None, *, objective: str = "mlm"
-) -> Mixer:
+    spec: MixerSpec, label: str, mech: Mechanism | None = None, *, objective: str = "mlm",
+    model_position: str = "rope",
+) -> Mixer:  # fmt: skip
     """Resolve a spec against the registry, once (``mech``: already found): known, of the
     objective's kind (bidirectional for mlm, causal for clm), trainable, a known path, its
     parameters resolved, its own position encoding (if any) one the mechanism and the objective
-    can take."""
+    can take, and no path with an encoding added to the scores (``model_position``: the
+    encoding of a spec that sets none)."""
     mech = mech or registry.get(spec.mechanism)
     if spec.path is not None:
         mech.path(spec.path)
@@ -474,6 +478,13 @@ def resolve_spec(
         raise AttnbenchError(f"variant {label}: {mech.name} has no backward pass; cannot train it")
     if (problem := variant_position_problem(spec.position, mech.name, objective)) is not None:
         raise AttnbenchError(f"variant {label}: {problem}")
+    if spec.path is not None and (position := spec.position or model_position) in ON_SCORES:
+        raise AttnbenchError(
+            f"variant {label}: path {spec.path} computes {mech.name} without position "
+            f"{position}'s bias; with {position} attnbench's own mixer computes the attention "
+            "(the written-out scores, or SDPA with the bias as a float mask); accepted: no "
+            "path, or position rope or nope"
+        )
     params = {k: _plain(v) for k, v in mech.resolve(dict(spec.params)).items()}
     return Mixer(MixerSpec(mech.name, spec.path, params, spec.position), mech)
 
@@ -494,7 +505,7 @@ def resolve_variants(
     yet in the table. Returns (variants, notes about what was skipped)."""
     notes: list[str] = []
     out: dict[str, TrainedVariant] = {}
-    objective = cfg.model.objective
+    objective, position = cfg.model.objective, cfg.model.position
     for name in cfg.run.variants:
         mech = None
         if name in cfg.variant_defs:
@@ -507,7 +518,10 @@ def resolve_variants(
                 raise unknown("variant", name, known_variant_names(cfg)) from None
             spec = MixerSpec(mech_name, path or None)
         out.setdefault(
-            name, TrainedVariant(name, resolve_spec(spec, name, mech, objective=objective))
+            name,
+            TrainedVariant(
+                name, resolve_spec(spec, name, mech, objective=objective, model_position=position)
+            ),
         )
     impl_params = dict(impl_params or {})
     expanded: list[str] = []
@@ -537,7 +551,7 @@ def resolve_variants(
         if params:
             label += "(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")"
         mixer = resolve_spec(MixerSpec(mech.name, path_name, params), label, mech,
-                             objective=objective)  # fmt: skip
+                             objective=objective, model_position=position)  # fmt: skip
         out.setdefault(label, TrainedVariant(label, mixer))
     return list(out.values()), notes
 

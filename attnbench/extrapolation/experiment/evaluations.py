@@ -31,6 +31,7 @@ from attnbench.extrapolation.experiment.config import (
 )
 from attnbench.extrapolation.experiment.plan import Plan
 from attnbench.extrapolation.model.encoder import MLMEncoder, build_model, position_of
+from attnbench.extrapolation.model.position_encodings import row_note
 from attnbench.extrapolation.model.positions import EvalPositions
 from attnbench.extrapolation.model.tricks import trick_mixers
 from attnbench.extrapolation.training.checkpoints import load_checkpoint
@@ -278,7 +279,7 @@ def _evaluate_trained(cfg, log, v: TrainedVariant, seed, ckpt, stream, device) -
         mechanism=v.spec.mechanism,
         path=v.spec.path or "",
         params=spec_json(v.spec),
-        note="",
+        note=row_note(position_of(cfg.model, v.mixer), cfg.model.causal),
         position=position_of(cfg.model, v.mixer),
     )
 

@@ -16,9 +16,9 @@ mixer that applies them is :mod:`.position_mixer`.
   ``_relative_position_bucket``, as Hugging Face Transformers' T5 also computes it).
 - xPos: Sun, Dong, Patra, Ma, Huang, Benhaim, Chaudhary, Song, Wei, "A Length-Extrapolatable
   Transformer", ACL 2023, https://arxiv.org/abs/2212.10554: rotary rotation with each pair's
-  query scaled by zeta_i^(n / gamma) and key by zeta_i^(-m / gamma), so the score of query n and
-  key m decays as zeta_i^((n - m) / gamma) (:func:`xpos_rotate`); causal only (for n < m the factor
-  would grow without bound).
+  query scaled by zeta_i^(n / B) and key by zeta_i^(-m / B), B = 512 (their code's
+  ``scale_base``), so the score of query n and key m decays as zeta_i^((n - m) / B)
+  (:func:`xpos_rotate`); causal only (for n < m the factor would grow without bound).
 - NoPE: Kazemnejad, Padhi, Natesan Ramamurthy, Das, Reddy, "The Impact of Positional Encoding on
   Length Generalization in Transformers", NeurIPS 2023, https://arxiv.org/abs/2305.19466: a
   decoder-only Transformer with no position encoding; causal only, since a bidirectional encoder
@@ -43,6 +43,16 @@ POSITIONS: dict[str, str] = {
     "nope": "no position encoding (Kazemnejad et al. 2023): causal objective only",
     "xpos": "xPos (Sun et al. 2023): rotary with a per-pair decay zeta^((i - j)/512); causal only",
 }
+
+
+def row_note(position: str, causal: bool) -> str:
+    """What a trained row's ``note`` says of its encoding: that ALiBi in the bidirectional
+    encoder is not the paper's form ("" for every other case)."""
+    if position == "alibi" and not causal:
+        return "ALiBi adapted for a bidirectional encoder: -m_h |i - j| on both sides"
+    return ""
+
+
 #: Encodings that exist only with a causal mask (see the module docstring).
 CAUSAL_ONLY = ("nope", "xpos")
 #: Encodings added to the scores of softmax attention: they need the mechanism's scores.
@@ -75,8 +85,9 @@ def alibi_bias(slopes: Tensor, n: int) -> Tensor:
     """-m_h abs(i - j) for queries i and keys j of a window of n: [H, n, n] in ``slopes``' dtype.
     Under a causal mask only j <= i is read, where it is the paper's -m_h (i - j)."""
     pos = torch.arange(n, device=slopes.device)
-    distance = (pos[:, None] - pos[None, :]).abs().to(slopes.dtype)  # (n, n)
-    return -slopes[:, None, None] * distance  # (H, n, n)
+    distance = (pos[:, None] - pos[None, :]).abs().float()  # (n, n), exact up to 2^24
+    # in float32, then one rounding to the slopes' dtype (a bfloat16 distance 257 would be 256)
+    return (-slopes.float()[:, None, None] * distance).to(slopes.dtype)  # (H, n, n)
 
 
 def t5_bucket(relative: Tensor, bidirectional: bool, buckets: int, max_distance: int) -> Tensor:
