@@ -242,6 +242,16 @@ def test_figure_draws_the_floor_and_a_fainter_backoff(tmp_path, monkeypatch):
         assert backoff.get_alpha() < (floor.get_alpha() or 1.0)
 
 
+def test_the_causal_floor_is_labelled_as_a_table_of_the_previous_bytes(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: drawn.append(fig))
+    figures.figure(report.summarise(new_rows()), LENGTHS, 64, tmp_path / "f.png", "t",
+                   published=False, causal=True)  # fmt: skip
+    labels = {line.get_label() for ax in drawn[0].axes for line in ax.get_lines()}
+    assert "count-baseline (no model: the causal floor, previous bytes)" in labels
+    assert not any("masks" in label for label in labels)
+
+
 @pytest.mark.parametrize("rows", [3, figures.LEGEND_INSIDE + 1])
 def test_a_panel_with_many_rows_puts_its_legend_beside_it(rows):
     """Up to LEGEND_INSIDE entries the legend sits inside the panel; beyond that (a table with

@@ -64,14 +64,16 @@ def figure_panels(summary: pd.DataFrame, train_len: int) -> list[Panel]:
     return panels
 
 
-def floor_style(variant: str) -> dict[str, Any]:
-    """``count-baseline``: the floor, a black dash-dot line; ``count-eval-masks`` (the same table
+def floor_style(variant: str, causal: bool = False) -> dict[str, Any]:
+    """``count-baseline``: the floor, a black dash-dot line (``causal``: the causal floor, a table
+    of the previous bytes); ``count-eval-masks`` (the same table
     counted at the evaluation's masking rate): a thin solid black line without markers (Su 2021's
     published rows are dotted); any other count row (the old back-off rule): fainter, dashed,
     labelled as what it is."""
     if variant == FLOOR_LABEL:
+        what = "the causal floor, previous bytes" if causal else "the floor, training-rate masks"
         return dict(color="black", linestyle="-.", linewidth=1.2, alpha=1.0,
-                    label=f"{variant} (no model: the floor, training-rate masks)")  # fmt: skip
+                    label=f"{variant} (no model: {what})")  # fmt: skip
     if variant == EVAL_MASKS_LABEL:
         return dict(color="black", linestyle="-", linewidth=0.9, alpha=1.0,
                     label=f"{variant} (no model: the floor, evaluation-rate masks)")  # fmt: skip
@@ -83,14 +85,15 @@ def floor_style(variant: str) -> dict[str, Any]:
 def figure(
     summary: pd.DataFrame, lengths: Sequence[int], train_len: int, path: Path, title: str,
     loss: pd.DataFrame | None = None, loss_label: str = "loss", accuracy_label: str = "",
-    published: bool = True,
+    published: bool = True, causal: bool = False,
 ) -> None:  # fmt: skip
     """Accuracy vs evaluation length, log2 x axis, one line per variant, error bars the 95 %
     t-interval of the mean over seeds (none with one seed); panels as :func:`figure_panels`
     says. The count rows (no model) in both: ``count-baseline`` as the floor line, any other
     (``count-backoff``) fainter and dashed. ``loss``: the same summary of the loss (``loss_label``
     its axis), drawn below the accuracy panels with the same rows. ``published``: Su 2021's
-    rows in the trained panel (an MLM's; not beside a causal model's).
+    rows in the trained panel (an MLM's; not beside a causal model's). ``causal``: the floor
+    is the causal one (:func:`floor_style`).
     """
     import matplotlib
 
@@ -110,7 +113,7 @@ def figure(
         for variant in _drawn(summary, "baseline"):
             g = summary[summary["variant"] == variant].dropna(subset=["mean"])
             g = g.sort_values("eval_len")
-            ax.plot(g["eval_len"], g["mean"], **floor_style(variant))
+            ax.plot(g["eval_len"], g["mean"], **floor_style(variant, causal))
         if panel.published and published:
             for pname, values in PUBLISHED.items():
                 xs = [n for n in lengths if n in values]
@@ -237,7 +240,8 @@ def draw(rows: Sequence[dict[str, Any]], lengths: Sequence[int], train_len: int,
         loss = summarise(models, loss_report.SHOWN)
     accuracy = "next-byte accuracy (%)" if causal else "masked-token accuracy (%)"
     figure(summarise(rows), lengths, train_len, path, title, loss,
-           f"loss ({loss_report.unit(causal)})", accuracy, published=not causal)  # fmt: skip
+           f"loss ({loss_report.unit(causal)})", accuracy, published=not causal,
+           causal=causal)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
