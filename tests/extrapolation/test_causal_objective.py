@@ -372,6 +372,11 @@ def test_a_tiny_causal_run_writes_loss_and_the_per_position_view(tmp_path):
     sidecar = json.loads((out / "extrapolate.json").read_text())
     assert "loss_by_position.png" in sidecar["outputs"]
     assert sidecar["config"]["model"]["objective"] == "clm"
+    again = tmp_path / "again"
+    result = CliRunner().invoke(app, ["plot", str(out / "extrapolate.csv"), "--out", str(again)])
+    assert result.exit_code == 0, result.output
+    assert (again / "accuracy_vs_length.png").is_file()
+    assert (again / "loss_by_position.png").is_file()
 
 
 def test_the_positions_preset_is_the_cpu_preset_as_causal_lms():

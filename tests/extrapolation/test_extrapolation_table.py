@@ -271,3 +271,17 @@ def test_a_panel_with_many_rows_puts_its_legend_beside_it(rows):
     beside = legend.x0 >= axes.x1
     plt.close(fig)
     assert beside == (rows > figures.LEGEND_INSIDE)
+
+
+def test_every_variant_of_a_long_table_has_its_own_colour():
+    """22 rows (a causal run: five trained encodings and sixteen evaluation-time rows): no two
+    share a colour, and the trained rows take the first, strongest shades."""
+    import matplotlib.pyplot as plt
+
+    kinds = {f"O+trick{i}": "eval-time" for i in range(16)}
+    kinds = {"O": "trained", **kinds, "E": "trained", "ALiBi": "trained", "T5": "trained",
+             "NoPE": "trained", "count-baseline": "baseline"}  # fmt: skip
+    colour = figures.variant_colours(kinds, plt)
+    assert len(set(colour.values())) == len(kinds)
+    strong = plt.get_cmap("tab20").colors[0::2]
+    assert [colour[v] for v in ("O", "E", "ALiBi", "T5", "NoPE")] == list(strong[:5])

@@ -105,8 +105,7 @@ def figure(
     grid = 2 if loss is not None else 1
     fig, axes = plt.subplots(grid, len(panels), figsize=(7.5 * len(panels), 5.2 * grid),
                              squeeze=False)  # fmt: skip
-    colours = plt.get_cmap("tab20").colors
-    colour = {v: colours[(2 * i) % 20 + (2 * i // 20) % 2] for i, v in enumerate(kinds)}
+    colour = variant_colours(kinds, plt)
     accuracy = accuracy_label or "masked-token accuracy (%)"
     for ax, panel in zip(axes[0], panels, strict=True):
         _draw(ax, summary, panel.variants, kinds, colour)
@@ -130,6 +129,16 @@ def figure(
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
     plt.close(fig)
+
+
+def variant_colours(kinds: dict[str, str], plt: Any) -> dict[str, Any]:
+    """One distinct colour per variant, for any number of them: the trained rows first (so O,
+    E and the trained encodings take tab20's strong shades, in table order), then the
+    evaluation-time rows; tab20's strong shades, then its light ones, then tab20b's."""
+    tab20, tab20b = plt.get_cmap("tab20").colors, plt.get_cmap("tab20b").colors
+    palette = [*tab20[0::2], *tab20[1::2], *tab20b]
+    order = sorted(kinds, key=lambda v: kinds[v] != "trained")  # stable: table order within
+    return {v: palette[i % len(palette)] for i, v in enumerate(order)}
 
 
 def _draw(ax: Any, summary: pd.DataFrame, variants: Sequence[str], kinds: dict[str, str],
@@ -189,17 +198,11 @@ def is_table_csv(path: Path | str) -> bool:
     return path.is_file() and set(TABLE_COLUMNS) <= set(csv_header(path))
 
 
-def figure_from_csv(path: Path | str, out_dir: Path | None = None, fmt: str = "png") -> Path:
-    """Redraw the accuracy figure of a finished run from its ``extrapolate.csv`` (and, for the
-    title, the ``extrapolate.json`` beside it), into ``out_dir`` (default: beside the CSV)."""
+def _run_title(path: Path, rows: Sequence[dict[str, Any]]) -> tuple[str, bool]:
+    """The accuracy figure's title of the run whose ``extrapolate.csv`` is ``path`` (its preset
+    from the ``extrapolate.json`` beside it, when readable), and whether the run is causal."""
     import json
 
-    from attnbench.runtime.outputs import ensure_dir
-
-    path = Path(path)
-    rows = pd.read_csv(path).to_dict("records")
-    if not rows:
-        raise AttnbenchError(f"{path} has no rows: nothing to draw")
     side = path.with_suffix(".json")
     config = {}
     if side.is_file():
@@ -216,11 +219,50 @@ def figure_from_csv(path: Path | str, out_dir: Path | None = None, fmt: str = "p
         + (f", preset {preset}" if preset else "")
         + f", {seeds} seed{'s' if seeds != 1 else ''}"
     )
+    return title, causal
+
+
+def figure_from_csv(path: Path | str, out_dir: Path | None = None, fmt: str = "png") -> Path:
+    """Redraw the accuracy figure of a finished run from its ``extrapolate.csv`` (and, for the
+    title, the ``extrapolate.json`` beside it), into ``out_dir`` (default: beside the CSV)."""
+    from attnbench.runtime.outputs import ensure_dir
+
+    path = Path(path)
+    rows = pd.read_csv(path).to_dict("records")
+    if not rows:
+        raise AttnbenchError(f"{path} has no rows: nothing to draw")
+    title, causal = _run_title(path, rows)
+    train_len = int(rows[0]["train_len"])
     lengths = sorted({int(r["eval_len"]) for r in rows})
     out = ensure_dir(out_dir if out_dir is not None else path.parent, "--out folder")
     target = out / f"accuracy_vs_length.{fmt}"
     draw(rows, lengths, train_len, target, title, causal)
     return target
+
+
+def position_figure_from_csv(
+    path: Path | str, out_dir: Path | None = None, fmt: str = "png"
+) -> Path | None:
+    """Redraw ``loss_by_position`` of a finished run from the ``positions.csv`` beside its
+    ``extrapolate.csv`` into ``out_dir`` (default: beside the CSV); None when the run has no
+    such file (older runs) or no length beyond L."""
+    from attnbench.extrapolation.analysis import loss_report
+
+    path = Path(path)
+    positions_csv = path.parent / loss_report.CSV_NAME
+    rows = pd.read_csv(path).to_dict("records")
+    if not rows or not positions_csv.is_file():
+        return None
+    positions = pd.read_csv(positions_csv)
+    if positions.empty:
+        return None
+    title, causal = _run_title(path, rows)
+    what = title.replace(f"{accuracy_words(causal)} vs length", "Loss by position in the window")
+    target = (out_dir if out_dir is not None else path.parent) / f"loss_by_position.{fmt}"
+    train_len = int(rows[0]["train_len"])
+    return (
+        target if loss_report.position_figure(positions, train_len, causal, target, what) else None
+    )
 
 
 def accuracy_words(causal: bool) -> str:

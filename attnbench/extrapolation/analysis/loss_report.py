@@ -136,11 +136,14 @@ def position_figure(positions: pd.DataFrame, train_len: int, causal: bool, path:
     df = positions[(positions["eval_len"] == longest) & (positions["scored"] > 0)].copy()
     factor = 1 / math.log(2) if causal else 1.0
     df["shown"] = pd.to_numeric(df["loss"]) * factor
+    from attnbench.extrapolation.analysis.figures import variant_colours
+
+    colour = variant_colours(dict(zip(df["variant"], df["kind"], strict=True)), plt)
     fig, ax = plt.subplots(figsize=(7.5, 5.0))
     for variant, g in df.groupby("variant", sort=False):
         mean = g.groupby("bin_end", sort=True)["shown"].mean()
         trained = g["kind"].iloc[0] == "trained"
-        ax.plot(mean.index, mean.values, marker="o" if trained else "s",
+        ax.plot(mean.index, mean.values, marker="o" if trained else "s", color=colour[variant],
                 linestyle="-" if trained else "--", linewidth=2.0 if trained else 1.2,
                 label=variant if trained else f"{variant} (eval-time)")  # fmt: skip
     ax.axvline(train_len, color="grey", linewidth=0.8, alpha=0.6)
