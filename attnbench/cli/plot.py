@@ -47,7 +47,8 @@ def plot_cmd(
     (oom, skipped, unsupported).
 
     Given the extrapolate.csv of `run extrapolate`: its accuracy figure, redrawn (default:
-    beside the CSV), and its loss by position when positions.csv is beside it. Given its curves.csv: the training loss against step.
+    beside the CSV), and its loss by position when positions.csv is beside it. Given its
+    curves.csv: the training loss against step.
 
     Figures where they are drawn by default are the CSV's own and are drawn again; in another
     --out, figures already there are replaced only with --overwrite.

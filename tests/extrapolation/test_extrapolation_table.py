@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.analysis import figures, report
+from attnbench.extrapolation.analysis import colours, figures, report
 from attnbench.extrapolation.evaluation.evaluate import EvalStream
 from attnbench.extrapolation.experiment import results
 from attnbench.extrapolation.experiment.config import load_preset
@@ -281,7 +281,7 @@ def test_every_variant_of_a_long_table_has_its_own_colour():
     kinds = {f"O+trick{i}": "eval-time" for i in range(16)}
     kinds = {"O": "trained", **kinds, "E": "trained", "ALiBi": "trained", "T5": "trained",
              "NoPE": "trained", "count-baseline": "baseline"}  # fmt: skip
-    colour = figures.variant_colours(kinds, plt)
+    colour = colours.variant_colours(kinds, plt)
     assert len(set(colour.values())) == len(kinds)
     strong = plt.get_cmap("tab20").colors[0::2]
     assert [colour[v] for v in ("O", "E", "ALiBi", "T5", "NoPE")] == list(strong[:5])

@@ -18,6 +18,7 @@ import pandas as pd
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.analysis import stats
+from attnbench.extrapolation.analysis.colours import variant_colours
 from attnbench.extrapolation.analysis.entropy import theory_offset
 from attnbench.extrapolation.analysis.report import (
     BACKOFF_LABEL,
@@ -105,7 +106,7 @@ def figure(
     grid = 2 if loss is not None else 1
     fig, axes = plt.subplots(grid, len(panels), figsize=(7.5 * len(panels), 5.2 * grid),
                              squeeze=False)  # fmt: skip
-    colour = variant_colours(kinds, plt)
+    colour = variant_colours(kinds, plt)  # trained rows first, none shared
     accuracy = accuracy_label or "masked-token accuracy (%)"
     for ax, panel in zip(axes[0], panels, strict=True):
         _draw(ax, summary, panel.variants, kinds, colour)
@@ -129,16 +130,6 @@ def figure(
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
     plt.close(fig)
-
-
-def variant_colours(kinds: dict[str, str], plt: Any) -> dict[str, Any]:
-    """One distinct colour per variant, for any number of them: the trained rows first (so O,
-    E and the trained encodings take tab20's strong shades, in table order), then the
-    evaluation-time rows; tab20's strong shades, then its light ones, then tab20b's."""
-    tab20, tab20b = plt.get_cmap("tab20").colors, plt.get_cmap("tab20b").colors
-    palette = [*tab20[0::2], *tab20[1::2], *tab20b]
-    order = sorted(kinds, key=lambda v: kinds[v] != "trained")  # stable: table order within
-    return {v: palette[i % len(palette)] for i, v in enumerate(order)}
 
 
 def _draw(ax: Any, summary: pd.DataFrame, variants: Sequence[str], kinds: dict[str, str],

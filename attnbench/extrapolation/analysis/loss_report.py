@@ -20,6 +20,7 @@ from typing import Any
 import pandas as pd
 
 from attnbench.extrapolation.analysis import report, stats
+from attnbench.extrapolation.analysis.colours import variant_colours
 from attnbench.runtime.outputs import atomic_open, save_figure
 
 CSV_NAME, FIGURE_NAME = "positions.csv", "loss_by_position.png"
@@ -136,8 +137,6 @@ def position_figure(positions: pd.DataFrame, train_len: int, causal: bool, path:
     df = positions[(positions["eval_len"] == longest) & (positions["scored"] > 0)].copy()
     factor = 1 / math.log(2) if causal else 1.0
     df["shown"] = pd.to_numeric(df["loss"]) * factor
-    from attnbench.extrapolation.analysis.figures import variant_colours
-
     colour = variant_colours(dict(zip(df["variant"], df["kind"], strict=True)), plt)
     fig, ax = plt.subplots(figsize=(7.5, 5.0))
     for variant, g in df.groupby("variant", sort=False):
