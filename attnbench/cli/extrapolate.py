@@ -40,7 +40,8 @@ Preset = Annotated[
     typer.Option(
         "--preset",
         "-p",
-        help="Preset name (cpu, paper: the files in suites/extrapolate) or a TOML file.",
+        help="Preset name (cpu, cpu-positions, paper: the files in suites/extrapolate) or a TOML "
+        "file.",
     ),
 ]
 SeedsOption = Annotated[int | None, typer.Option(help="Training seeds (0..N-1), from 1 to 10000.")]

@@ -47,7 +47,8 @@ def plot_cmd(
     (oom, skipped, unsupported).
 
     Given the extrapolate.csv of `run extrapolate`: its accuracy figure, redrawn (default:
-    beside the CSV). Given its curves.csv: the training loss against step.
+    beside the CSV), and its loss by position when positions.csv is beside it. Given its
+    curves.csv: the training loss against step.
 
     Figures where they are drawn by default are the CSV's own and are drawn again; in another
     --out, figures already there are replaced only with --overwrite.
@@ -55,13 +56,20 @@ def plot_cmd(
     Example: [bold]attnbench plot results/speed/cpu/results.csv --format svg[/bold]
     """
     from attnbench.bench.plot import plot_results  # matplotlib only when plotting
-    from attnbench.extrapolation.analysis.figures import figure_from_csv, is_table_csv
+    from attnbench.extrapolation.analysis.figures import (
+        figure_from_csv,
+        is_table_csv,
+        position_figure_from_csv,
+    )
     from attnbench.extrapolation.training.curves import FIGURE_NAME, is_curves_csv, plot_curves
 
     fmt = format.value
     if is_table_csv(results):  # extrapolate.csv of run extrapolate: accuracy against length
         _refuse_to_replace(results, out_dir, results.parent, "accuracy_vs_length", fmt, overwrite)
+        _refuse_to_replace(results, out_dir, results.parent, "loss_by_position", fmt, overwrite)
         out.print(f"wrote {figure_from_csv(results, out_dir, fmt)}")
+        if (by_position := position_figure_from_csv(results, out_dir, fmt)) is not None:
+            out.print(f"wrote {by_position}")
         return
     if is_curves_csv(results):  # curves.csv of run extrapolate: loss against step
         _refuse_to_replace(results, out_dir, results.parent / "figures", FIGURE_NAME, fmt,

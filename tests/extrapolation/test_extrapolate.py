@@ -338,7 +338,8 @@ def test_short_corpus_message_counts_tokens(corpora, tmp_path):
 def test_presets_load_from_the_one_shipped_folder():
     from attnbench.runtime.tomlconfig import PRESETS_DIR
 
-    assert sorted(p.name for p in PRESETS_DIR.glob("*.toml")) == ["cpu.toml", "paper.toml"]
+    shipped = sorted(p.name for p in PRESETS_DIR.glob("*.toml"))
+    assert shipped == ["cpu-positions.toml", "cpu.toml", "paper.toml"]
     cpu, paper = load_preset("cpu"), load_preset("paper")
     model, train = cpu.model, cpu.train
     assert (model.d_model, model.layers, model.heads, model.ffn_mult, model.train_len) == (

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.analysis import figures, report
+from attnbench.extrapolation.analysis import colours, figures, report
 from attnbench.extrapolation.evaluation.evaluate import EvalStream
 from attnbench.extrapolation.experiment import results
 from attnbench.extrapolation.experiment.config import load_preset
@@ -169,7 +169,8 @@ def test_csv_round_trip_keeps_built_from_and_reads_old_csvs(tmp_path):
     path = tmp_path / "extrapolate.csv"
     report.write_csv(new_rows(), path)
     back = pd.read_csv(path)
-    assert list(back.columns)[-1] == "built_from"
+    added = report.ADDED_COLUMNS
+    assert list(back.columns)[-len(added) :] == added and added[0] == "built_from"
     assert back[back["kind"] != "baseline"]["built_from"].isna().all()  # empty for models
     text = "\n".join(report.count_rows_markdown(back.to_dict("records")))
     assert "built from 1,843,197 examples" in text
@@ -241,6 +242,16 @@ def test_figure_draws_the_floor_and_a_fainter_backoff(tmp_path, monkeypatch):
         assert backoff.get_alpha() < (floor.get_alpha() or 1.0)
 
 
+def test_the_causal_floor_is_labelled_as_a_table_of_the_previous_bytes(tmp_path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(figures, "save_figure", lambda fig, path, **kw: drawn.append(fig))
+    figures.figure(report.summarise(new_rows()), LENGTHS, 64, tmp_path / "f.png", "t",
+                   published=False, causal=True)  # fmt: skip
+    labels = {line.get_label() for ax in drawn[0].axes for line in ax.get_lines()}
+    assert "count-baseline (no model: the causal floor, previous bytes)" in labels
+    assert not any("masks" in label for label in labels)
+
+
 @pytest.mark.parametrize("rows", [3, figures.LEGEND_INSIDE + 1])
 def test_a_panel_with_many_rows_puts_its_legend_beside_it(rows):
     """Up to LEGEND_INSIDE entries the legend sits inside the panel; beyond that (a table with
@@ -260,3 +271,17 @@ def test_a_panel_with_many_rows_puts_its_legend_beside_it(rows):
     beside = legend.x0 >= axes.x1
     plt.close(fig)
     assert beside == (rows > figures.LEGEND_INSIDE)
+
+
+def test_every_variant_of_a_long_table_has_its_own_colour():
+    """22 rows (a causal run: five trained encodings and sixteen evaluation-time rows): no two
+    share a colour, and the trained rows take the first, strongest shades."""
+    import matplotlib.pyplot as plt
+
+    kinds = {f"O+trick{i}": "eval-time" for i in range(16)}
+    kinds = {"O": "trained", **kinds, "E": "trained", "ALiBi": "trained", "T5": "trained",
+             "NoPE": "trained", "count-baseline": "baseline"}  # fmt: skip
+    colour = colours.variant_colours(kinds, plt)
+    assert len(set(colour.values())) == len(kinds)
+    strong = plt.get_cmap("tab20").colors[0::2]
+    assert [colour[v] for v in ("O", "E", "ALiBi", "T5", "NoPE")] == list(strong[:5])

@@ -96,3 +96,26 @@ def test_the_shipped_sweeps_are_the_committed_runs_configurations():
             for key, value in recorded[section].items():
                 assert config[section][key] == value, (name, section, key)
     assert sweeps.load_sweep("cpu-compiled").file.candidates["compiled"].compile
+
+
+def test_the_step_cost_of_a_causal_candidate_times_causal_batches(tmp_path, monkeypatch):
+    """A ``clm`` candidate's step is timed on next-byte batches (every position through the
+    last FFN), not on the masked ones of the MLM."""
+    from attnbench.extrapolation.training import batches
+
+    seen = []
+
+    class Recorder(batches.TrainingBatches):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            seen.append(self)
+
+    monkeypatch.setattr(batches, "TrainingBatches", Recorder)
+    sweep_file, out = tiny_sweep(tmp_path), tmp_path / "out"
+    text = sweep_file.read_text().replace(
+        '"run.variants=O"', '"run.variants=O", "model.objective=clm"'
+    )
+    sweep_file.write_text(text)
+    run("--sweep", str(sweep_file), "--out", str(out), "--sweep-cost", "1x1",
+        "--sweep-only", "fast")  # fmt: skip
+    assert seen and all(b.causal for b in seen)

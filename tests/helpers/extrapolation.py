@@ -111,6 +111,8 @@ def softmax_key(cfg) -> dict:
 
     class Variant:  # checkpoint_key reads the variant's spec only
         class spec:  # noqa: N801
+            position = None
+
             @staticmethod
             def plain():
                 return {"mechanism": "softmax"}

@@ -18,6 +18,7 @@ import pandas as pd
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.analysis import stats
+from attnbench.extrapolation.analysis.colours import variant_colours
 from attnbench.extrapolation.analysis.entropy import theory_offset
 from attnbench.extrapolation.analysis.report import (
     BACKOFF_LABEL,
@@ -64,14 +65,16 @@ def figure_panels(summary: pd.DataFrame, train_len: int) -> list[Panel]:
     return panels
 
 
-def floor_style(variant: str) -> dict[str, Any]:
-    """``count-baseline``: the floor, a black dash-dot line; ``count-eval-masks`` (the same table
+def floor_style(variant: str, causal: bool = False) -> dict[str, Any]:
+    """``count-baseline``: the floor, a black dash-dot line (``causal``: the causal floor, a table
+    of the previous bytes); ``count-eval-masks`` (the same table
     counted at the evaluation's masking rate): a thin solid black line without markers (Su 2021's
     published rows are dotted); any other count row (the old back-off rule): fainter, dashed,
     labelled as what it is."""
     if variant == FLOOR_LABEL:
+        what = "the causal floor, previous bytes" if causal else "the floor, training-rate masks"
         return dict(color="black", linestyle="-.", linewidth=1.2, alpha=1.0,
-                    label=f"{variant} (no model: the floor, training-rate masks)")  # fmt: skip
+                    label=f"{variant} (no model: {what})")  # fmt: skip
     if variant == EVAL_MASKS_LABEL:
         return dict(color="black", linestyle="-", linewidth=0.9, alpha=1.0,
                     label=f"{variant} (no model: the floor, evaluation-rate masks)")  # fmt: skip
@@ -81,12 +84,17 @@ def floor_style(variant: str) -> dict[str, Any]:
 
 
 def figure(
-    summary: pd.DataFrame, lengths: Sequence[int], train_len: int, path: Path, title: str
-) -> None:
+    summary: pd.DataFrame, lengths: Sequence[int], train_len: int, path: Path, title: str,
+    loss: pd.DataFrame | None = None, loss_label: str = "loss", accuracy_label: str = "",
+    published: bool = True, causal: bool = False,
+) -> None:  # fmt: skip
     """Accuracy vs evaluation length, log2 x axis, one line per variant, error bars the 95 %
     t-interval of the mean over seeds (none with one seed); panels as :func:`figure_panels`
     says. The count rows (no model) in both: ``count-baseline`` as the floor line, any other
-    (``count-backoff``) fainter and dashed.
+    (``count-backoff``) fainter and dashed. ``loss``: the same summary of the loss (``loss_label``
+    its axis), drawn below the accuracy panels with the same rows. ``published``: Su 2021's
+    rows in the trained panel (an MLM's; not beside a causal model's). ``causal``: the floor
+    is the causal one (:func:`floor_style`).
     """
     import matplotlib
 
@@ -94,64 +102,72 @@ def figure(
     import matplotlib.pyplot as plt
 
     kinds = dict(zip(summary["variant"], summary["kind"], strict=False))
-    floors = _drawn(summary, "baseline")
     panels = figure_panels(summary, train_len)
-    fig, axes = plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 5.2), squeeze=False)
-    colours = plt.get_cmap("tab20").colors
-    colour = {v: colours[(2 * i) % 20 + (2 * i // 20) % 2] for i, v in enumerate(kinds)}
+    grid = 2 if loss is not None else 1
+    fig, axes = plt.subplots(grid, len(panels), figsize=(7.5 * len(panels), 5.2 * grid),
+                             squeeze=False)  # fmt: skip
+    colour = variant_colours(kinds, plt)  # trained rows first, none shared
+    accuracy = accuracy_label or "masked-token accuracy (%)"
     for ax, panel in zip(axes[0], panels, strict=True):
-        for variant in panel.variants:
+        _draw(ax, summary, panel.variants, kinds, colour)
+        for variant in _drawn(summary, "baseline"):
             g = summary[summary["variant"] == variant].dropna(subset=["mean"])
             g = g.sort_values("eval_len")
-            kind = kinds[variant]
-            pairs = zip(g["std"], g["count"], strict=True)
-            half = [stats.interval_half_width(sd, int(c)) for sd, c in pairs]
-            ax.errorbar(
-                g["eval_len"],
-                g["mean"],
-                yerr=[0.0 if math.isnan(h) else h for h in half],
-                label=variant if kind == "trained" else f"{variant} (eval-time)",
-                color=colour[variant],
-                linestyle="-" if kind == "trained" else "--",
-                marker="o" if kind == "trained" else "s",
-                markersize=4,
-                capsize=3,
-                linewidth=2.2 if variant in ("O", "E") else 1.3,
-            )
-        for variant in floors:
-            g = summary[summary["variant"] == variant].dropna(subset=["mean"])
-            g = g.sort_values("eval_len")
-            ax.plot(g["eval_len"], g["mean"], **floor_style(variant))
-        if panel.published:
+            ax.plot(g["eval_len"], g["mean"], **floor_style(variant, causal))
+        if panel.published and published:
             for pname, values in PUBLISHED.items():
                 xs = [n for n in lengths if n in values]
-                ax.plot(
-                    xs,
-                    [values[n] for n in xs],
-                    linestyle=":",
-                    color="grey" if pname.endswith("O") else "black",
-                    marker=".",
-                    label=f"{pname} (published, other data)",
-                )
-        length_axis(ax, lengths, train_len, panel.title)
+                ax.plot(xs, [values[n] for n in xs], linestyle=":", marker=".",
+                        color="grey" if pname.endswith("O") else "black",
+                        label=f"{pname} (published, other data)")  # fmt: skip
+        length_axis(ax, lengths, train_len, panel.title, accuracy)
+    if loss is not None:
+        for ax, panel in zip(axes[1], panels, strict=True):
+            drawn = [v for v in panel.variants if v in set(loss["variant"])]
+            _draw(ax, loss, drawn, kinds, colour)
+            length_axis(ax, lengths, train_len, f"{loss_label}: the same rows", loss_label)
     fig.suptitle(title, fontsize=11)
     fig.tight_layout()
     save_figure(fig, path, dpi=130)
     plt.close(fig)
 
 
+def _draw(ax: Any, summary: pd.DataFrame, variants: Sequence[str], kinds: dict[str, str],
+          colour: dict[str, Any]) -> None:  # fmt: skip
+    """One line per variant of ``summary``: its mean against n, error bars the 95 % t-interval."""
+    for variant in variants:
+        g = summary[summary["variant"] == variant].dropna(subset=["mean"])
+        g = g.sort_values("eval_len")
+        kind = kinds.get(variant, "trained")
+        pairs = zip(g["std"], g["count"], strict=True)
+        half = [stats.interval_half_width(sd, int(c)) for sd, c in pairs]
+        ax.errorbar(
+            g["eval_len"],
+            g["mean"],
+            yerr=[0.0 if math.isnan(h) else h for h in half],
+            label=variant if kind == "trained" else f"{variant} (eval-time)",
+            color=colour[variant],
+            linestyle="-" if kind == "trained" else "--",
+            marker="o" if kind == "trained" else "s",
+            markersize=4,
+            capsize=3,
+            linewidth=2.2 if variant in ("O", "E") else 1.3,
+        )
+
+
 #: The most legend entries a panel keeps inside its axes; more go beside it.
 LEGEND_INSIDE = 8
 
 
-def length_axis(ax: Any, lengths: Sequence[int], train_len: int, title: str) -> None:
+def length_axis(ax: Any, lengths: Sequence[int], train_len: int, title: str,
+                ylabel: str = "masked-token accuracy (%)") -> None:  # fmt: skip
     """An accuracy-against-length panel's axes: log2 n with the lengths as ticks, L marked."""
     ax.axvline(train_len, color="grey", linewidth=0.8, alpha=0.6)
     ax.set_xscale("log", base=2)
     ax.set_xticks(list(lengths))
     ax.set_xticklabels([str(n) for n in lengths])
     ax.set_xlabel(f"evaluation length n (trained at L = {train_len})")
-    ax.set_ylabel("masked-token accuracy (%)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
     if len(ax.get_legend_handles_labels()[1]) > LEGEND_INSIDE:
@@ -173,17 +189,11 @@ def is_table_csv(path: Path | str) -> bool:
     return path.is_file() and set(TABLE_COLUMNS) <= set(csv_header(path))
 
 
-def figure_from_csv(path: Path | str, out_dir: Path | None = None, fmt: str = "png") -> Path:
-    """Redraw the accuracy figure of a finished run from its ``extrapolate.csv`` (and, for the
-    title, the ``extrapolate.json`` beside it), into ``out_dir`` (default: beside the CSV)."""
+def _run_title(path: Path, rows: Sequence[dict[str, Any]]) -> tuple[str, bool]:
+    """The accuracy figure's title of the run whose ``extrapolate.csv`` is ``path`` (its preset
+    from the ``extrapolate.json`` beside it, when readable), and whether the run is causal."""
     import json
 
-    from attnbench.runtime.outputs import ensure_dir
-
-    path = Path(path)
-    rows = pd.read_csv(path).to_dict("records")
-    if not rows:
-        raise AttnbenchError(f"{path} has no rows: nothing to draw")
     side = path.with_suffix(".json")
     config = {}
     if side.is_file():
@@ -194,16 +204,77 @@ def figure_from_csv(path: Path | str, out_dir: Path | None = None, fmt: str = "p
     train_len = int(rows[0]["train_len"])
     seeds = len({r["seed"] for r in rows if r["kind"] == "trained"})
     preset = config.get("preset")
+    causal = (config.get("model") or {}).get("objective") == "clm"
     title = (
-        f"MLM accuracy (%) vs length, trained at L={train_len}"
+        f"{accuracy_words(causal)} vs length, trained at L={train_len}"
         + (f", preset {preset}" if preset else "")
         + f", {seeds} seed{'s' if seeds != 1 else ''}"
     )
+    return title, causal
+
+
+def figure_from_csv(path: Path | str, out_dir: Path | None = None, fmt: str = "png") -> Path:
+    """Redraw the accuracy figure of a finished run from its ``extrapolate.csv`` (and, for the
+    title, the ``extrapolate.json`` beside it), into ``out_dir`` (default: beside the CSV)."""
+    from attnbench.runtime.outputs import ensure_dir
+
+    path = Path(path)
+    rows = pd.read_csv(path).to_dict("records")
+    if not rows:
+        raise AttnbenchError(f"{path} has no rows: nothing to draw")
+    title, causal = _run_title(path, rows)
+    train_len = int(rows[0]["train_len"])
     lengths = sorted({int(r["eval_len"]) for r in rows})
     out = ensure_dir(out_dir if out_dir is not None else path.parent, "--out folder")
     target = out / f"accuracy_vs_length.{fmt}"
-    figure(summarise(rows), lengths, train_len, target, title)
+    draw(rows, lengths, train_len, target, title, causal)
     return target
+
+
+def position_figure_from_csv(
+    path: Path | str, out_dir: Path | None = None, fmt: str = "png"
+) -> Path | None:
+    """Redraw ``loss_by_position`` of a finished run from the ``positions.csv`` beside its
+    ``extrapolate.csv`` into ``out_dir`` (default: beside the CSV); None when the run has no
+    such file (older runs) or no length beyond L."""
+    from attnbench.extrapolation.analysis import loss_report
+
+    path = Path(path)
+    positions_csv = path.parent / loss_report.CSV_NAME
+    rows = pd.read_csv(path).to_dict("records")
+    if not rows or not positions_csv.is_file():
+        return None
+    positions = pd.read_csv(positions_csv)
+    if positions.empty:
+        return None
+    title, causal = _run_title(path, rows)
+    what = title.replace(f"{accuracy_words(causal)} vs length", "Loss by position in the window")
+    target = (out_dir if out_dir is not None else path.parent) / f"loss_by_position.{fmt}"
+    train_len = int(rows[0]["train_len"])
+    return (
+        target if loss_report.position_figure(positions, train_len, causal, target, what) else None
+    )
+
+
+def accuracy_words(causal: bool) -> str:
+    """What the accuracy is, for a title or an axis."""
+    return "Next-byte accuracy (%)" if causal else "MLM accuracy (%)"
+
+
+def draw(rows: Sequence[dict[str, Any]], lengths: Sequence[int], train_len: int, path: Path,
+         title: str, causal: bool) -> None:  # fmt: skip
+    """The figure of a run's rows: accuracy above, and the loss below when the rows have any
+    (an older CSV's may not), in the objective's unit (:mod:`.loss_report`)."""
+    from attnbench.extrapolation.analysis import loss_report
+
+    models = loss_report.shown([r for r in rows if r["kind"] != "baseline"], causal)
+    loss = None
+    if not models.empty and models[loss_report.SHOWN].notna().any():
+        loss = summarise(models, loss_report.SHOWN)
+    accuracy = "next-byte accuracy (%)" if causal else "masked-token accuracy (%)"
+    figure(summarise(rows), lengths, train_len, path, title, loss,
+           f"loss ({loss_report.unit(causal)})", accuracy, published=not causal,
+           causal=causal)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

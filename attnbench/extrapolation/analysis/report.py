@@ -47,10 +47,13 @@ BASE_COLUMNS = [
 TAIL_COLUMNS = ["model_params", "train_time_s", "train_steps", "eval_time_s", "status", "reason"]
 #: Columns a later attnbench added, last in the header: an older ``extrapolate.csv`` lacks them,
 #: so every reader takes them as optional. ``built_from``: how many examples a count row's table
-#: was counted from (empty for model rows). Then per layer ``far_mass_l*`` (the attention mass on
-#: keys at least the training length away) and ``score_std_l*`` (the spread of a row's scores),
-#: measured with the entropy (:class:`~attnbench.extrapolation.evaluation.evaluate.EntropyProbe`).
-ADDED_COLUMNS = ["built_from"]
+#: was counted from (empty for model rows). ``bits_per_byte``: the loss / ln 2; ``*_beyond_L``:
+#: the scores of the positions at or beyond L alone (:mod:`.loss_report`); ``position``: the
+#: model row's position encoding. Then per layer ``far_mass_l*`` (the attention mass on keys at
+#: least the training length away) and ``score_std_l*`` (the spread of a row's scores), measured
+#: with the entropy (:class:`~attnbench.extrapolation.evaluation.evaluate.EntropyProbe`).
+ADDED_COLUMNS = ["built_from", "bits_per_byte", "scored_beyond_L", "accuracy_beyond_L",
+                 "loss_beyond_L", "position"]  # fmt: skip
 PROBE_COLUMNS = ("far_mass_l", "score_std_l")
 
 
@@ -82,14 +85,16 @@ def _cell(value: Any) -> Any:
     return value
 
 
-def summarise(rows: Sequence[dict[str, Any]]) -> pd.DataFrame:
-    """Mean, std (over seeds, ddof 1) and seed count of accuracy per (variant, kind, eval_len),
-    in the order the variants first appear; failed cells count in ``failed``."""
+def summarise(rows: Sequence[dict[str, Any]], metric: str = "accuracy") -> pd.DataFrame:
+    """Mean, std (over seeds, ddof 1) and seed count of ``metric`` (a column: accuracy, loss...)
+    per (variant, kind, eval_len), in the order the variants first appear; failed cells count in
+    ``failed``."""
     df = pd.DataFrame(rows)
     order = list(dict.fromkeys(df["variant"]))
-    ok = df[df["status"] == "ok"]
+    ok = df[df["status"] == "ok"].copy()
+    ok[metric] = pd.to_numeric(ok[metric], errors="coerce")
     agg = (
-        ok.groupby(["variant", "kind", "eval_len"], sort=False)["accuracy"]
+        ok.groupby(["variant", "kind", "eval_len"], sort=False)[metric]
         .agg(["mean", "std", "count"])
         .reset_index()
     )
@@ -115,33 +120,36 @@ def _model_rows(rows: Sequence[dict[str, Any]] | pd.DataFrame) -> pd.DataFrame:
 
 
 def seed_differences(
-    rows: Sequence[dict[str, Any]] | pd.DataFrame, variant: str, base: str
-) -> pd.DataFrame:
+    rows: Sequence[dict[str, Any]] | pd.DataFrame, variant: str, base: str,
+    metric: str = "accuracy",
+) -> pd.DataFrame:  # fmt: skip
     """The pairing behind every difference in the table: per (``eval_len``, ``seed``) where both
-    rows were evaluated, ``diff`` = accuracy(``variant``) - accuracy(``base``) in points. Both
-    rows saw the same windows and masks, and share a seed's initialisation and data order."""
+    rows were evaluated, ``diff`` = metric(``variant``) - metric(``base``) (accuracy: in points).
+    Both rows saw the same windows and masks, and share a seed's initialisation and data order."""
     df = _model_rows(rows)
     key = ["seed", "eval_len"]
     sides = []
     for name in (variant, base):
-        side = df[df["variant"] == name][[*key, "accuracy"]]
+        side = df[df["variant"] == name][[*key, metric]]
         if side.duplicated(key).any():
             raise AttnbenchError(f"{name}: two rows for one (seed, eval_len); cannot pair by seed")
         sides.append(side)
     joined = sides[0].merge(sides[1], on=key, suffixes=("", "_base"))
-    joined["diff"] = joined["accuracy"] - joined["accuracy_base"]
+    joined = joined.dropna(subset=[metric, f"{metric}_base"])
+    joined["diff"] = joined[metric].astype(float) - joined[f"{metric}_base"].astype(float)
     out = joined[["eval_len", "seed", "diff"]].sort_values(["eval_len", "seed"])
     return out.reset_index(drop=True)
 
 
 def contrast(
-    rows: Sequence[dict[str, Any]] | pd.DataFrame, variant: str, base: str
-) -> pd.DataFrame:
+    rows: Sequence[dict[str, Any]] | pd.DataFrame, variant: str, base: str,
+    metric: str = "accuracy",
+) -> pd.DataFrame:  # fmt: skip
     """``variant`` - ``base`` per length, paired by seed (:func:`seed_differences`), as
     :func:`stats.paired` gives it: ``mean``, the 95 % t-interval ``low``..``high``, ``p``
     (paired t-test, two-sided), ``count`` (seeds), ``positive`` and ``negative`` (seeds with
     that sign), and the differences' ``std``; one row per length both were evaluated at."""
-    pairs = seed_differences(rows, variant, base)
+    pairs = seed_differences(rows, variant, base, metric)
     out = []
     for n, g in pairs.groupby("eval_len", sort=True):
         test = stats.paired(g["diff"].tolist())
@@ -154,11 +162,13 @@ def contrast(
     return pd.DataFrame(out, columns=DIFF_COLUMNS)
 
 
-def paired_difference(rows: Sequence[dict[str, Any]], base: str = "O") -> pd.DataFrame:
+def paired_difference(
+    rows: Sequence[dict[str, Any]], base: str = "O", metric: str = "accuracy"
+) -> pd.DataFrame:
     """:func:`contrast` of every model row against ``base``, in the order the rows first appear
     (count rows, which have no seed, are left out)."""
     df = _model_rows(rows)
-    frames = [contrast(df, v, base) for v in dict.fromkeys(df["variant"]) if v != base]
+    frames = [contrast(df, v, base, metric) for v in dict.fromkeys(df["variant"]) if v != base]
     frames = [f for f in frames if not f.empty]
     if not frames:
         return pd.DataFrame(columns=DIFF_COLUMNS)
@@ -468,16 +478,20 @@ def count_rows_markdown(
 
 
 def floor_margins(
-    rows: Sequence[dict[str, Any]], lengths: Sequence[int], variants: Sequence[str] = ("O", "E")
-) -> list[str]:
-    """Markdown: each of ``variants`` minus each fair floor (:data:`FAIR_FLOORS`) at every
-    length, over seeds (mean [95 % t-interval] p, seeds above the floor); [] without a floor or
-    a model row. The floor has no seed: the interval is the seeds' spread around it."""
+    rows: Sequence[dict[str, Any]], lengths: Sequence[int],
+    variants: Sequence[str] | None = ("O", "E"),
+) -> list[str]:  # fmt: skip
+    """Markdown: each of ``variants`` (None: every trained row) minus each fair floor
+    (:data:`FAIR_FLOORS`) at every length, over seeds (mean [95 % t-interval] p, seeds above the
+    floor); [] without a floor or a model row. The floor has no seed: the interval is the seeds'
+    spread around it."""
     df = pd.DataFrame(rows)
     if df.empty or "kind" not in df:
         return []
     ok = df[df["status"] == "ok"]
     floors = [f for f in FAIR_FLOORS if f in set(ok["variant"])]
+    if variants is None:
+        variants = list(dict.fromkeys(ok[ok["kind"] == "trained"]["variant"]))
     models = [v for v in variants if v in set(ok[ok["kind"] != "baseline"]["variant"])]
     if not floors or not models:
         return []

@@ -1,4 +1,4 @@
-"""Evaluating the MLM encoder at other lengths: one held-out stream, the same masks for everyone.
+"""Evaluating the model at other lengths: one held-out stream, the same masks for everyone.
 
 The evaluation span is ``tokens // chunk`` pieces of ``chunk`` contiguous held-out tokens, spread
 evenly over every held-out work (each work gets pieces in proportion to its length, evenly spaced
@@ -8,7 +8,9 @@ probability ``mask_prob``, generator seeded by ``eval_seed``), so every variant,
 seed and every length n sees the same text with the same positions masked. At length n each piece
 is cut into ``chunk // n`` contiguous windows of exactly n tokens (never padded, never tiled, never
 across two pieces; with n not dividing the chunk, each piece's tail is left out and the row says
-how many tokens were evaluated).
+how many tokens were evaluated). A model of the causal objective is scored on every next byte of
+those windows instead of the masked ones (:mod:`.targets`), which also bins the scores by
+position for the per-position view (the loss of the positions beyond L, apart).
 
 :class:`LengthGuard` checks, at every block's mixer, that the sequences reaching the model really
 have the length being evaluated (no silent truncation anywhere). :class:`EntropyProbe` measures,
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +32,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnbench.core.errors import AttnbenchError
-from attnbench.extrapolation.model.encoder import MASK_ID
+from attnbench.extrapolation.evaluation.targets import (
+    Targets,
+    chunked,
+    make_targets,
+    position_bins,
+)
+from attnbench.extrapolation.model.position_mixer import PositionMixer
 from attnbench.extrapolation.model.positions import EvalPositions
 from attnbench.extrapolation.model.tricks import TrickMixer
 from attnbench.layers import AttentionMixer
@@ -173,6 +181,9 @@ class EvalResult:
     #: Per piece of the span: masked tokens scored and correct (the unit of the bootstrap).
     piece_masked: list[int] = field(default_factory=list)
     piece_correct: list[int] = field(default_factory=list)
+    #: The per-position view: (start, end, scored, correct, loss sum) per bin of window
+    #: positions (:func:`.targets.position_bins`).
+    bins: list[tuple[int, int, int, int, float]] = field(default_factory=list)
 
     @property
     def accuracy(self) -> float:
@@ -250,7 +261,8 @@ class EntropyProbe:
     length), also the mean row mass on keys at least ``far`` away (:func:`far_mass`) and the
     mean row score spread (:func:`score_std`).
 
-    TrickMixer hands its probabilities over directly (its dense path, while active). For an
+    TrickMixer and PositionMixer hand their probabilities over directly (their dense path, while
+    active). For an
     AttentionMixer the probe wraps the layer's path: it calls the mechanism's reference with
     v = identity [B, Hkv, T, T] on the same q, k and parameters, which returns the attention
     matrix A of any operator of the form A v. Rows that are not distributions (negative entries,
@@ -262,7 +274,7 @@ class EntropyProbe:
         self.model = model
         self.far = far
         self._active = False
-        self._tricks: list[tuple[int, TrickMixer]] = []  # handed a hook only while active
+        self._tricks: list[tuple[int, nn.Module]] = []  # handed a hook only while active
         n = len(mixers(model))
         self.sums = [0.0] * n
         self.far_sums = [0.0] * n
@@ -300,7 +312,7 @@ class EntropyProbe:
 
     def __enter__(self) -> EntropyProbe:
         for i, m in enumerate(mixers(self.model)):
-            if isinstance(m, TrickMixer):
+            if isinstance(m, (TrickMixer, PositionMixer)):
                 self._tricks.append((i, m))
                 self._undo.append(lambda m=m: setattr(m, "probs_hook", None))
                 self.supported[i] = True
@@ -341,17 +353,6 @@ class EntropyProbe:
         return [(s / r) if ok and not bad and r else None for s, r, ok, bad in flags]
 
 
-def _chunks(toks: Tensor, mask: Tensor, size: int) -> Iterator[tuple[Tensor, Tensor, int]]:
-    """Cut windows [W, n] into independent chunks of ``size`` (the last may be shorter):
-    yields (tokens [W', m], mask [W', m], m)."""
-    W, n = toks.shape
-    full = (n // size) * size
-    if full:
-        yield toks[:, :full].reshape(-1, size), mask[:, :full].reshape(-1, size), size
-    if n > full:
-        yield toks[:, full:], mask[:, full:], n - full
-
-
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
@@ -362,28 +363,31 @@ def evaluate(
     batch_tokens: int = 16384,
     entropy_tokens: int = 2048,
     positions: EvalPositions | None = None,
+    causal: bool = False,
+    train_len: int | None = None,
 ) -> EvalResult:
-    """Masked-token accuracy and loss of ``model`` on the span cut into windows of n tokens.
+    """Accuracy and loss of ``model`` on the span cut into windows of n tokens: of the masked
+    bytes, or with ``causal`` of every next byte (:mod:`.targets`).
 
     ``chunk``: run each window as independent chunks of that many tokens (the sanity floor).
     Entropy is measured on the windows within the first ``entropy_tokens`` tokens of the span
     (at least one window; the same text for every variant); 0 turns it off. ``positions``: the
     rotary positions of each window (or chunk) for a model trained with randomized positions
-    (:class:`EvalPositions`); None: 0..n-1.
+    (:class:`EvalPositions`); None: 0..n-1. ``train_len``: L, the per-position view's bins
+    (:func:`.targets.position_bins`; None: one bin).
     """
     t0 = time.perf_counter()
     model.eval()
     toks, mask = stream.windows(n)  # (W, n)
-    where = stream.positions(n)  # (W, n) span positions of the tokens
+    problem = make_targets(toks, mask, stream.positions(n), causal)
     W = toks.shape[0]
-    parts = list(_chunks(toks, mask, chunk)) if chunk else [(toks, mask, n)]
-    places = [p for p, _, _ in _chunks(where, mask, chunk)] if chunk else [where]
+    parts = chunked(problem, chunk) if chunk else [problem]
     res = EvalResult(n=n, windows=W, tokens=W * n, masked=0, correct=0, loss_sum=0.0)
-    hits = torch.zeros(stream.size, dtype=torch.bool)  # (S,) masked and predicted right
+    tally = _Tally(stream.size, position_bins(n, train_len or n))
     far = getattr(getattr(model, "cfg", None), "train_len", None)
     with LengthGuard(model) as guard, EntropyProbe(model, far) as probe:
-        for (ptoks, pmask, m), ppos in zip(parts, places, strict=True):
-            rows = ptoks.shape[0]
+        for part in parts:
+            rows, m = part.inputs.shape
             rotary = positions.draw(rows, m) if positions is not None else None
             first = max(1, entropy_tokens // n) if entropy_tokens else 0  # windows probed
             split = min(rows, first * (rows // W))  # their rows (chunks) in this part
@@ -393,50 +397,79 @@ def evaluate(
                 for b0 in range(lo, hi, per_batch):
                     b1 = min(hi, b0 + per_batch)
                     at = rotary[b0:b1] if rotary is not None else None
-                    right = _score(model, ptoks[b0:b1], pmask[b0:b1], res, guard, m, at)
-                    hits[ppos[b0:b1][pmask[b0:b1]][right]] = True
+                    _score(model, part[b0:b1], res, guard, m, at, tally)
         res.entropy = probe.means()
         if far is not None:
             res.far_mass, res.score_std = probe.means(probe.far_sums), probe.means(probe.std_sums)
     res.seconds = time.perf_counter() - t0
-    expected = int(mask.sum())
+    expected = int(problem.rows.sum())
     if res.masked != expected:
-        raise LengthCheckError(f"scored {res.masked} masked tokens, the windows hold {expected}")
-    scored = torch.zeros(stream.size, dtype=torch.bool)
-    scored[where[mask]] = True
-    res.piece_masked = scored.view(stream.pieces, -1).sum(1).tolist()
-    res.piece_correct = hits.view(stream.pieces, -1).sum(1).tolist()
-    if sum(res.piece_correct) != res.correct:
-        raise LengthCheckError(f"{sum(res.piece_correct)} hits by piece, {res.correct} in all")
+        raise LengthCheckError(f"scored {res.masked} tokens, the windows hold {expected}")
+    tally.finish(res, problem, stream.pieces)
     return res
 
 
+class _Tally:
+    """What the batches of one evaluation add up besides the totals: which span bytes were
+    predicted right (the per-piece counts) and the per-position bins."""
+
+    def __init__(self, size: int, bins: list[tuple[int, int]]) -> None:
+        self.hits = torch.zeros(size, dtype=torch.bool)  # (S,) scored and predicted right
+        self.bins = bins
+        self.scored = [0] * len(bins)
+        self.correct = [0] * len(bins)
+        self.loss = [0.0] * len(bins)
+
+    def add(self, places: Tensor, columns: Tensor, right: Tensor, losses: Tensor) -> None:
+        """One batch's scored bytes: their span places, window positions, hits and losses [N]."""
+        self.hits[places[right]] = True
+        for i, (lo, hi) in enumerate(self.bins):
+            inside = (columns >= lo) & (columns < hi)
+            self.scored[i] += int(inside.sum())
+            self.correct[i] += int((right & inside).sum())
+            self.loss[i] += float(losses[inside].sum())
+
+    def finish(self, res: EvalResult, problem: Targets, pieces: int) -> None:
+        scored = torch.zeros_like(self.hits)
+        scored[problem.places[problem.rows]] = True
+        res.piece_masked = scored.view(pieces, -1).sum(1).tolist()
+        res.piece_correct = self.hits.view(pieces, -1).sum(1).tolist()
+        if sum(res.piece_correct) != res.correct:
+            raise LengthCheckError(f"{sum(res.piece_correct)} hits by piece, {res.correct} in all")
+        res.bins = [
+            (lo, hi, s, c, loss)
+            for (lo, hi), s, c, loss in zip(self.bins, self.scored, self.correct, self.loss,
+                                             strict=True)
+        ]  # fmt: skip
+
+
 def _score(
-    model: nn.Module, x: Tensor, xm: Tensor, res: EvalResult, guard, m: int, at: Tensor | None
-) -> Tensor:
-    """Score one batch into ``res``; returns which masked tokens (row-major) were right. ``at``:
-    the windows' rotary positions (None: 0..m-1)."""
-    if x.shape[1] != m:
-        raise LengthCheckError(f"batch has length {x.shape[1]}, expected {m}")
+    model: nn.Module, part: Targets, res: EvalResult, guard, m: int, at: Tensor | None,
+    tally: _Tally,
+) -> None:  # fmt: skip
+    """Score one batch of windows into ``res`` and ``tally``. ``at``: the windows' rotary
+    positions (None: 0..m-1)."""
+    if part.length != m:
+        raise LengthCheckError(f"batch has length {part.length}, expected {m}")
     device = next(model.parameters()).device
-    x, xm = x.to(device), xm.to(device)
-    inputs = x.masked_fill(xm, MASK_ID)  # (b, m)
+    inputs, rows = part.inputs.to(device), part.rows.to(device)  # (b, m)
     try:
         at = at.to(device) if at is not None else None
-        hidden = model.hidden_at(inputs, xm, at)  # (N, C): the masked positions only
+        hidden = model.hidden_at(inputs, rows, at)  # (N, C): the predicting positions only
     except (IndexError, RuntimeError):  # a length mismatch inside: say so if it is one
         guard.expect(m)
         raise
     guard.expect(m)
-    targets = x[xm]  # (N,)
+    targets = part.targets[part.rows].to(device)  # (N,)
     if hidden.shape[0] != targets.numel():
         raise LengthCheckError(
-            f"model returned {hidden.shape[0]} hidden states for {targets.numel()} masked tokens"
+            f"model returned {hidden.shape[0]} hidden states for {targets.numel()} scored tokens"
         )
     logits = model.logits(hidden)  # (N, 256)
     res.masked += targets.numel()
     right = (logits.argmax(-1) == targets).cpu()  # (N,)
+    losses = F.cross_entropy(logits, targets, reduction="none").double().cpu()  # (N,)
     if targets.numel():
         res.correct += int(right.sum())
-        res.loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))
-    return right
+        res.loss_sum += float(F.cross_entropy(logits, targets, reduction="sum"))  # as before
+    tally.add(part.places[part.rows], part.columns[part.rows], right, losses)

@@ -25,7 +25,14 @@ from attnbench import registry
 from attnbench.core.errors import AttnbenchError, unknown
 from attnbench.core.spec import Mechanism
 from attnbench.extrapolation.evaluation.longrange import COPY_LENGTH, DISTANCES
-from attnbench.extrapolation.model.encoder import VOCAB, Mixer, MixerSpec, ModelConfig
+from attnbench.extrapolation.model.encoder import (
+    VOCAB,
+    Mixer,
+    MixerSpec,
+    ModelConfig,
+    variant_position_problem,
+)
+from attnbench.extrapolation.model.position_encodings import ON_SCORES
 from attnbench.extrapolation.model.tricks import Tricks, parse_tricks, settings_problem
 from attnbench.extrapolation.training.options import TrainConfig
 from attnbench.measure import machine
@@ -298,7 +305,8 @@ def _config(
     text: SuiteText, preset: str, description: str, variants: Mapping[str, MixerSpec]
 ) -> ExtrapConfig:
     file = read_section(text, text.data, PresetFile)
-    _check_variant_defs(text, file.variants)
+    _check_variant_defs(text, file.variants, file.model.objective, file.model.position)
+    _refuse_what_the_objective_cannot_do(text, file)
     _refuse_what_this_machine_cannot_run(text, file)
     return ExtrapConfig(
         preset=preset,
@@ -311,16 +319,42 @@ def _config(
     )
 
 
-def _check_variant_defs(text: SuiteText, variants: Mapping[str, MixerSpec]) -> None:
+def _check_variant_defs(
+    text: SuiteText, variants: Mapping[str, MixerSpec], objective: str = "mlm",
+    position: str = "rope",
+) -> None:  # fmt: skip
     """Every ``[variants.NAME]`` table of the file names a mechanism that can be trained, with
     parameters it accepts, whether or not ``run.variants`` selects it: a preset with a broken
     table is a broken file (before, one left unselected went by unnoticed until someone selected
     it, maybe hours into a run)."""
     for name, spec in variants.items():
         try:
-            resolve_spec(spec, name)
+            resolve_spec(spec, name, objective=objective, model_position=position)
         except AttnbenchError as e:
             raise text.error(("variants", name, "mechanism"), f"[variants.{name}] {e}") from None
+
+
+#: What only the masked-language model has: (section, field, its off value, why).
+MLM_ONLY = (
+    ("train", "copy_share", 0.0, "it plants copies for the long-range span, scored on masks"),
+    ("train", "final_mask_prob", 0.0, "a closing masking phase has no masks to change"),
+    ("eval", "long_range", False, "the long-range span scores masked bytes of copies"),
+)
+
+
+def _refuse_what_the_objective_cannot_do(text: SuiteText, file: PresetFile) -> None:
+    """The settings that mean something for the masked-language model only, refused with
+    ``model.objective = clm`` (naming the setting)."""
+    if file.model.objective != "clm":
+        return
+    for section, name, off, why in MLM_ONLY:
+        value = getattr(getattr(file, section), name)
+        if value != off:
+            raise text.error(
+                (section, name),
+                f"{section}.{name} = {value} is not accepted with model.objective = clm: {why}; "
+                f"accepted with clm: {section}.{name} = {off}",
+            )
 
 
 #: The sizes a training step's memory grows with, and the cpu preset's value of each: the size
@@ -416,13 +450,25 @@ class EvalTimeVariant:
     tricks: Tricks
 
 
-def resolve_spec(spec: MixerSpec, label: str, mech: Mechanism | None = None) -> Mixer:
-    """Resolve a spec against the registry, once (``mech``: already found): known,
-    bidirectional, trainable, a known path, its parameters resolved."""
+def resolve_spec(
+    spec: MixerSpec, label: str, mech: Mechanism | None = None, *, objective: str = "mlm",
+    model_position: str = "rope",
+) -> Mixer:  # fmt: skip
+    """Resolve a spec against the registry, once (``mech``: already found): known, of the
+    objective's kind (bidirectional for mlm, causal for clm), trainable, a known path, its
+    parameters resolved, its own position encoding (if any) one the mechanism and the objective
+    can take, and no path with an encoding added to the scores (``model_position``: the
+    encoding of a spec that sets none)."""
     mech = mech or registry.get(spec.mechanism)
     if spec.path is not None:
         mech.path(spec.path)
-    if not mech.bidirectional:
+    if objective == "clm" and not mech.causal:
+        causal = [m.name for m in registry.MECHANISMS if m.causal]
+        raise AttnbenchError(
+            f"variant {label}: {mech.name} has no causal form and model.objective = clm trains "
+            f"a causal model; causal mechanisms: {', '.join(causal)}"
+        )
+    if objective != "clm" and not mech.bidirectional:
         bidir = [m.name for m in registry.MECHANISMS if m.bidirectional]
         raise AttnbenchError(
             f"variant {label}: {mech.name} is causal only and the extrapolation model is a "
@@ -430,8 +476,17 @@ def resolve_spec(spec: MixerSpec, label: str, mech: Mechanism | None = None) -> 
         )
     if not mech.backward:
         raise AttnbenchError(f"variant {label}: {mech.name} has no backward pass; cannot train it")
+    if (problem := variant_position_problem(spec.position, mech.name, objective)) is not None:
+        raise AttnbenchError(f"variant {label}: {problem}")
+    if spec.path is not None and (position := spec.position or model_position) in ON_SCORES:
+        raise AttnbenchError(
+            f"variant {label}: path {spec.path} computes {mech.name} without position "
+            f"{position}'s bias; with {position} attnbench's own mixer computes the attention "
+            "(the written-out scores, or SDPA with the bias as a float mask); accepted: no "
+            "path, or position rope or nope"
+        )
     params = {k: _plain(v) for k, v in mech.resolve(dict(spec.params)).items()}
-    return Mixer(MixerSpec(mech.name, spec.path, params), mech)
+    return Mixer(MixerSpec(mech.name, spec.path, params, spec.position), mech)
 
 
 def _plain(value: Any) -> Any:
@@ -450,6 +505,7 @@ def resolve_variants(
     yet in the table. Returns (variants, notes about what was skipped)."""
     notes: list[str] = []
     out: dict[str, TrainedVariant] = {}
+    objective, position = cfg.model.objective, cfg.model.position
     for name in cfg.run.variants:
         mech = None
         if name in cfg.variant_defs:
@@ -461,7 +517,12 @@ def resolve_variants(
             except AttnbenchError:
                 raise unknown("variant", name, known_variant_names(cfg)) from None
             spec = MixerSpec(mech_name, path or None)
-        out.setdefault(name, TrainedVariant(name, resolve_spec(spec, name, mech)))
+        out.setdefault(
+            name,
+            TrainedVariant(
+                name, resolve_spec(spec, name, mech, objective=objective, model_position=position)
+            ),
+        )
     impl_params = dict(impl_params or {})
     expanded: list[str] = []
     for text in impls or []:
@@ -470,7 +531,9 @@ def resolve_variants(
             for mech in registry.MECHANISMS:
                 if mech.name in taken or mech.name in ("softmax", "softmax-logn"):
                     continue
-                if not mech.bidirectional:
+                if objective == "clm" and not mech.causal:
+                    notes.append(f"skipped {mech.name}: no causal form (the model is causal)")
+                elif objective != "clm" and not mech.bidirectional:
                     notes.append(f"skipped {mech.name}: causal only (the model is bidirectional)")
                 elif not mech.backward:
                     notes.append(f"skipped {mech.name}: no backward pass")
@@ -487,7 +550,8 @@ def resolve_variants(
         label = mech.name + (f":{path_name}" if path_name else "")
         if params:
             label += "(" + ",".join(f"{k}={v}" for k, v in params.items()) + ")"
-        mixer = resolve_spec(MixerSpec(mech.name, path_name, params), label, mech)
+        mixer = resolve_spec(MixerSpec(mech.name, path_name, params), label, mech,
+                             objective=objective, model_position=position)  # fmt: skip
         out.setdefault(label, TrainedVariant(label, mixer))
     return list(out.values()), notes
 
@@ -512,6 +576,11 @@ def resolve_eval_time(cfg: ExtrapConfig, trained: list[TrainedVariant]) -> tuple
         return [], ["eval-time rows skipped: they apply to the trained O model; add O to variants"]
     if rows and base.spec.mechanism != "softmax":
         raise AttnbenchError("eval-time rows need variant O to be the softmax mechanism")
+    if rows and (position := base.spec.position or cfg.model.position) != "rope":
+        return [], [
+            f"eval-time rows skipped: they change the rotary embedding of a trained RoPE model, "
+            f"and O here has position {position}"
+        ]
     return rows, []
 
 

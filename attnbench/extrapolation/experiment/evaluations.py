@@ -7,6 +7,7 @@ mechanism cannot run at that length (never a dropped row or a bare NaN).
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,9 +19,10 @@ from torch import Tensor
 
 from attnbench.core.errors import AttnbenchError
 from attnbench.extrapolation.analysis import longrange_report
+from attnbench.extrapolation.evaluation import causal_floor, longrange
 from attnbench.extrapolation.evaluation import floors as baseline
-from attnbench.extrapolation.evaluation import longrange
-from attnbench.extrapolation.evaluation.evaluate import EvalStream, evaluate
+from attnbench.extrapolation.evaluation.evaluate import EvalResult, EvalStream, evaluate
+from attnbench.extrapolation.evaluation.targets import make_targets
 from attnbench.extrapolation.experiment.config import (
     EvalTimeVariant,
     ExtrapConfig,
@@ -28,7 +30,8 @@ from attnbench.extrapolation.experiment.config import (
     spec_json,
 )
 from attnbench.extrapolation.experiment.plan import Plan
-from attnbench.extrapolation.model.encoder import MLMEncoder, build_model
+from attnbench.extrapolation.model.encoder import MLMEncoder, build_model, position_of
+from attnbench.extrapolation.model.position_encodings import row_note
 from attnbench.extrapolation.model.positions import EvalPositions
 from attnbench.extrapolation.model.tricks import trick_mixers
 from attnbench.extrapolation.training.checkpoints import load_checkpoint
@@ -37,6 +40,22 @@ from attnbench.runtime.execute import Executor, UnitEnd, Work, run_units
 
 #: The row key holding a row's per-piece (masked, correct) counts, written to pieces.csv.
 PIECES = "_pieces"
+#: The row key holding a row's per-position bins (:attr:`EvalResult.bins`), positions.csv.
+POSITION_BINS = "_positions"
+
+
+def beyond(res: EvalResult, train_len: int) -> dict[str, Any]:
+    """The scores of the positions at or beyond L (the bins starting there): ``scored_beyond_L``,
+    ``accuracy_beyond_L`` and ``loss_beyond_L`` (None when a window has no such position)."""
+    far = [b for b in res.bins if b[0] >= train_len]
+    scored = sum(b[2] for b in far)
+    if not scored:
+        return {"scored_beyond_L": 0, "accuracy_beyond_L": None, "loss_beyond_L": None}
+    return {
+        "scored_beyond_L": scored,
+        "accuracy_beyond_L": 100.0 * sum(b[3] for b in far) / scored,
+        "loss_beyond_L": sum(b[4] for b in far) / scored,
+    }
 
 
 def _row(cfg, label, kind, seed, res, ckpt, **extra) -> dict[str, Any]:
@@ -56,8 +75,11 @@ def _row(cfg, label, kind, seed, res, ckpt, **extra) -> dict[str, Any]:
         "eval_time_s": round(res.seconds, 3),
         "status": "ok",
         "reason": "",
+        "bits_per_byte": res.loss / math.log(2),
+        **beyond(res, cfg.model.train_len),
         **extra,
         PIECES: (res.piece_masked, res.piece_correct),  # not a CSV column: pieces.csv
+        POSITION_BINS: res.bins,  # not a CSV column: positions.csv
     }
     for i, h in enumerate(res.entropy):
         row[f"entropy_l{i}"] = h
@@ -75,7 +97,10 @@ def baseline_rows(cfg: ExtrapConfig, train: Tensor, stream: EvalStream) -> list[
     ``count-eval-masks`` (the same table counted on contexts masked at the evaluation rate, from
     as many examples; only when the rates differ) and ``count-backoff`` (the first rule); one
     row per floor and length, no seed. ``built_from`` is the number of masked examples each table
-    was counted from."""
+    was counted from. A ``clm`` run has one floor, the causal ``count-baseline``
+    (:mod:`attnbench.extrapolation.evaluation.causal_floor`)."""
+    if cfg.model.causal:
+        return causal_floor_rows(cfg, train, stream)
     fair = baseline.MaskedContextCounts.from_training(
         train, cfg.train, cfg.model.train_len, cfg.run.seed_start
     )
@@ -131,6 +156,32 @@ def _floor_rows(cfg: ExtrapConfig, stream: EvalStream, label: str, build, note: 
     return rows
 
 
+def causal_floor_rows(cfg: ExtrapConfig, train: Tensor, stream: EvalStream) -> list[dict]:
+    """The causal ``count-baseline`` at every evaluation length, on the models' scored bytes."""
+    started = time.perf_counter()
+    counts = causal_floor.NextByteCounts.from_training(
+        train, cfg.train, cfg.model.train_len, cfg.run.seed_start
+    )
+    rows = []
+    for n in cfg.eval.lengths:
+        tokens, mask = stream.windows(n)
+        problem = make_targets(tokens, mask, stream.positions(n), causal=True)
+        correct, scored = counts.accuracy(problem.inputs, problem.rows, problem.targets)
+        rows.append(
+            {
+                "variant": baseline.LABEL, "kind": "baseline", "applied_to": "", "mechanism": "",
+                "path": "", "params": "", "note": causal_floor.describe(), "seed": None,
+                "train_len": cfg.model.train_len, "eval_len": n,
+                "accuracy": 100.0 * correct / max(1, scored), "loss": None,
+                "masked_tokens": scored, "windows": tokens.shape[0],
+                "eval_tokens": tokens.numel(),
+                "eval_time_s": round(time.perf_counter() - started, 3), "status": "ok",
+                "reason": "", "built_from": counts.examples,
+            }
+        )  # fmt: skip
+    return rows
+
+
 def _failed_row(cfg, label, kind, seed, n, ckpt, reason, **extra) -> dict[str, Any]:
     return {
         "variant": label,
@@ -173,6 +224,8 @@ def _eval_all(cfg, log, model, label, kind, seed, ckpt, stream, chunk=None, **ex
                 batch_tokens=cfg.eval.batch_tokens,
                 entropy_tokens=cfg.eval.entropy_tokens,
                 positions=positions,
+                causal=cfg.model.causal,
+                train_len=cfg.model.train_len,
             )
         except (AttnbenchError, RuntimeError) as e:  # a mechanism that cannot run at this n
             reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -226,7 +279,8 @@ def _evaluate_trained(cfg, log, v: TrainedVariant, seed, ckpt, stream, device) -
         mechanism=v.spec.mechanism,
         path=v.spec.path or "",
         params=spec_json(v.spec),
-        note="",
+        note=row_note(position_of(cfg.model, v.mixer), cfg.model.causal),
+        position=position_of(cfg.model, v.mixer),
     )
 
 
@@ -250,6 +304,7 @@ def _evaluate_eval_time(cfg, log, ev: EvalTimeVariant, seed, ckpt, stream, devic
         path="dense (eval-time)",
         params="",
         note=tricks.describe(),
+        position="rope",
     )
 
 

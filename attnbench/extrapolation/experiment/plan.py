@@ -166,8 +166,10 @@ def read_inputs(cfg: ExtrapConfig, opts: RunOptions) -> RunInputs:
 LATER_TRAIN_OPTIONS = {"window_lengths": (), "random_positions": 0, "copy_share": 0.0,
                        "copy_length": 64, "final_mask_prob": 0.0,
                        "final_mask_steps": 0, "copy_weight": 1.0}  # fmt: skip
-#: The same for the model's shape.
-LATER_MODEL_OPTIONS = {"ffn": "gelu"}
+#: The same for the model's shape (the position encoding is the variant's own, when it sets one).
+LATER_MODEL_OPTIONS = {"ffn": "gelu", "position": "rope", "objective": "mlm"}
+#: Model options that matter only with one position encoding (out of the key otherwise).
+POSITION_OPTIONS = {"t5_buckets": "t5", "t5_max_distance": "t5"}
 
 
 def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus_sha: str) -> dict:
@@ -177,14 +179,19 @@ def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus
     for name, old in LATER_TRAIN_OPTIONS.items():
         if train[name] == old or (name == "copy_length" and off):
             del train[name]
-    model = asdict(cfg.model)
+    model = asdict(cfg.model) | {"position": variant.spec.position or cfg.model.position}
+    for name, only in POSITION_OPTIONS.items():
+        if model["position"] != only:
+            del model[name]
     for name, old in LATER_MODEL_OPTIONS.items():
         if model[name] == old:
             del model[name]
+    mixer = variant.spec.plain()
+    mixer.pop("position", None)  # in the model's part: the same key however it was set
     return {
         "model": model,
         "train": train,
-        "mixer": variant.spec.plain(),
+        "mixer": mixer,
         "seed": seed,
         "corpus_sha256": corpus_sha,
         "holdout": cfg.run.holdout,

@@ -13,10 +13,16 @@ from typing import Any
 
 import torch
 
-from attnbench.extrapolation.analysis import figures, longrange_report, report, stats
+from attnbench.extrapolation.analysis import (
+    figures,
+    longrange_report,
+    loss_report,
+    report,
+    stats,
+)
 from attnbench.extrapolation.evaluation.evaluate import EvalStream
 from attnbench.extrapolation.experiment.config import ExtrapConfig
-from attnbench.extrapolation.experiment.evaluations import PIECES
+from attnbench.extrapolation.experiment.evaluations import PIECES, POSITION_BINS
 from attnbench.extrapolation.experiment.plan import RunInputs, RunOptions, threads_per_process
 from attnbench.extrapolation.training import curves
 from attnbench.measure import machine
@@ -30,7 +36,17 @@ MASKING = (
 )
 
 
+#: What the causal objective scores, in place of the masking sentence.
+NEXT_BYTE = (
+    "next-byte prediction with the causal mask: each training window of L bytes predicts its L "
+    "next bytes; an evaluation window of n bytes scores its last n - 1 bytes, each predicted by "
+    "the position before it (the same bytes for every row at one n); no masks"
+)
+
+
 def masking(cfg: ExtrapConfig) -> str:
+    if cfg.model.causal:
+        return NEXT_BYTE
     t = cfg.train
     rate = f"{t.mask_prob:g}"
     if t.final_mask_prob:
@@ -60,25 +76,44 @@ def write_results(cfg: ExtrapConfig, opts: RunOptions, inputs: RunInputs, rows: 
     what made the machine slow for it (the training times in the table depend on both)."""
     seeds, stream = inputs.seeds, inputs.stream
     report.write_pieces(rows, PIECES, opts.out / PIECES_NAME)
+    loss_report.write_positions(rows, POSITION_BINS, opts.out / loss_report.CSV_NAME)
 
     lengths = list(cfg.eval.lengths)
     summary = report.summarise(rows)
     title = (
-        f"MLM accuracy (%) vs length, trained at L={cfg.model.train_len}, preset {cfg.preset}, "
+        f"{figures.accuracy_words(cfg.model.causal)} vs length, trained at "
+        f"L={cfg.model.train_len}, preset {cfg.preset}, "
         f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}"
     )
     command = " ".join(["attnbench", *opts.argv[1:]]) if opts.argv else "attnbench"
     command = portable(command, opts.out)  # no path of this machine in a result file
     table_md = _table_markdown(cfg, rows, summary, lengths, title, command, stream)
     write_text(opts.out / TABLE_NAME, table_md)
-    figures.figure(summary, lengths, cfg.model.train_len, opts.out / FIGURE_NAME, title)
+    figures.draw(rows, lengths, cfg.model.train_len, opts.out / FIGURE_NAME, title,
+                 cfg.model.causal)  # fmt: skip
+    drawn = _position_figure(cfg, opts, title)
     long_range = _long_range_outputs(cfg, opts, rows, title, command)
     sidecar = _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command)
     sidecar.update(load=load, warnings=list(warnings or []))
-    sidecar["outputs"] += long_range
+    sidecar["outputs"] += drawn + long_range
     sidecar = portable(sidecar, opts.out)
     write_text(opts.out / SIDECAR_NAME, json.dumps(sidecar, indent=1, default=str) + "\n")
     return table_md
+
+
+def _position_figure(cfg: ExtrapConfig, opts: RunOptions, title: str) -> list[str]:
+    """loss_by_position.png from positions.csv, when the longest length is beyond L; returns
+    the name written (or nothing)."""
+    import pandas as pd
+
+    positions = pd.read_csv(opts.out / loss_report.CSV_NAME)
+    if positions.empty:
+        return []
+    what = title.replace(f"{figures.accuracy_words(cfg.model.causal)} vs length",
+                         "Loss by position in the window")  # fmt: skip
+    drawn = loss_report.position_figure(positions, cfg.model.train_len, cfg.model.causal,
+                                        opts.out / loss_report.FIGURE_NAME, what)  # fmt: skip
+    return [loss_report.FIGURE_NAME] if drawn else []
 
 
 def _long_range_outputs(cfg, opts, rows, title, command) -> list[str]:
@@ -136,7 +171,7 @@ def _sidecar(cfg, opts, inputs, trainings, curves_csv, started, device, command)
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "git": machine.git_state(opts.out),
         "notes": notes,
-        "outputs": [CSV_NAME, PIECES_NAME, TABLE_NAME, FIGURE_NAME]
+        "outputs": [CSV_NAME, PIECES_NAME, loss_report.CSV_NAME, TABLE_NAME, FIGURE_NAME]
         + ([curves.COMBINED_NAME] if curves_csv else []),
     }
 
@@ -160,24 +195,55 @@ def _differences(rows, lengths, stream: EvalStream) -> list[str]:
     ]
 
 
+def _scored(cfg: ExtrapConfig, stream: EvalStream, n: int) -> int:
+    """Bytes scored at length n: the masked ones, or (clm) all but each window's first."""
+    tokens, mask = stream.windows(n)
+    if cfg.model.causal:
+        return tokens.shape[0] * (n - 1)
+    return int(mask.sum())
+
+
+def _count_lines(cfg: ExtrapConfig, rows) -> list[str]:
+    """The count rows' description, with the examples one model was trained on beside it."""
+    if not cfg.model.causal:
+        return report.count_rows_markdown(rows, report.TrainingExamples.from_config(cfg))
+    lines = report.count_rows_markdown(rows)
+    if lines:
+        lines[0] = lines[0].replace("the same masked positions", "the same bytes")
+        t = cfg.train
+        examples = t.steps * t.batch * cfg.model.train_len
+        lines.append(
+            f"- each trained model, for comparison: {t.steps:,} steps × {t.batch} windows × "
+            f"{cfg.model.train_len} positions = {examples:,} next-byte examples."
+        )
+    return lines
+
+
 def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStream) -> str:
-    masked = {n: int(stream.windows(n)[1].sum()) for n in lengths}
-    counts = report.count_rows_markdown(rows, report.TrainingExamples.from_config(cfg))
+    causal = cfg.model.causal
+    scored = {n: _scored(cfg, stream, n) for n in lengths}
+    counts = _count_lines(cfg, rows)
+    checks = [] if causal else report.shape_checks(rows)
+    what = "Next-byte" if causal else "Masked-token"
+    published = "" if causal else (
+        " Su 2021's rows are its published numbers (other data and model): compare shapes, not "
+        "levels."
+    )  # fmt: skip
     return "\n".join(
         [
             f"# {title}",
             "",
             f"Made by: `{command}`",
             "",
-            "Masked-token accuracy (%), mean ± std over seeds. Eval-time rows reuse the trained O "
-            "weights. Count rows have no model (described below the table). Su 2021's rows are "
-            "its published numbers (other data and model): compare shapes, not levels.",
+            f"{what} accuracy (%), mean ± std over seeds. Eval-time rows reuse the trained O "
+            f"weights. Count rows have no model (described below the table).{published}",
             "",
-            report.markdown_table(summary, lengths),
+            report.markdown_table(summary, lengths, published=not causal),
             "",
             *([*counts, ""] if counts else []),
-            *([*margins, ""] if (margins := report.floor_margins(rows, lengths)) else []),
+            *([*margins, ""] if (margins := report.floor_margins(rows, lengths, None)) else []),
             *_differences(rows, lengths, stream),
+            *loss_report.loss_markdown(rows, lengths, cfg.model.train_len, causal),
             *([*probes, ""] if (probes := report.probe_summary(rows, lengths)) else []),
             *(
                 [
@@ -187,17 +253,17 @@ def _table_markdown(cfg, rows, summary, lengths, title, command, stream: EvalStr
                     *checks,
                     "",
                 ]
-                if (checks := report.shape_checks(rows))
+                if checks
                 else []
             ),
             "Training wall time per variant (this machine, threads as in the sidecar):",
             "",
             *report.training_times(rows),
             "",
-            "Masking: " + masking(cfg) + ".",
+            ("Objective: " if causal else "Masking: ") + masking(cfg) + ".",
             "",
-            "Masked tokens evaluated per length: "
-            + ", ".join(f"n={n}: {masked[n]:,}" for n in lengths)
+            f"{'Bytes scored' if causal else 'Masked tokens evaluated'} per length: "
+            + ", ".join(f"n={n}: {scored[n]:,}" for n in lengths)
             + f" (one held-out span of {stream.size:,} tokens, the same for every row: "
             f"{stream.pieces} pieces of {stream.chunk:,} contiguous tokens spread evenly over "
             f"the {len(set(stream.works))} held-out works, "

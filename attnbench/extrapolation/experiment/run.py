@@ -86,6 +86,7 @@ def run_extrapolate(cfg: ExtrapConfig, opts: RunOptions) -> RunResult:
         cfg.train.mask_prob,
         cfg.eval.seed,
         cfg.run.heldout_every,
+        causal=cfg.model.causal,
     )
     plan = Plan(cfg, inputs.variants, inputs.seeds, inputs.corpus.sha256, opts, probe)
 

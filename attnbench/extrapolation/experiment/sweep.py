@@ -246,7 +246,9 @@ def _stepper(cfg: ExtrapConfig, stream: torch.Tensor, compiled: bool):
             if block.ffn is not None:
                 block.ffn = torch.compile(block.ffn, dynamic=True)
     opt = make_optimizer(model, cfg.train)
-    batches = TrainingBatches(stream, cfg.train, cfg.model.train_len, seed=0)
+    batches = TrainingBatches(
+        stream, cfg.train, cfg.model.train_len, seed=0, causal=cfg.model.causal
+    )
 
     def step() -> None:
         loss = masked_loss(model, *batches.next()[:3])

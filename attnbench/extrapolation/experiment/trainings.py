@@ -222,6 +222,7 @@ class TrainJob:
                 log_every=self.log_every,
                 dist=dist,
                 heldout=self.heldout,
+                causal=cfg.model.causal,
             )
         return (
             f"{v.label} seed {seed}: trained {outcome.steps} steps in {outcome.train_time_s:.0f}s"

@@ -1,4 +1,5 @@
-"""A small bidirectional Transformer encoder for byte-level masked-language modelling.
+"""A small Transformer over bytes for masked-language modelling (a bidirectional encoder, the
+default) or next-byte prediction (a causal decoder, ``model.objective = "clm"``).
 
 The extrapolation experiment of Su 2021 (RoFormer small, MLM, trained at one length): token
 embedding, no absolute positions (rotary embedding inside every attention layer), ``layers``
@@ -17,6 +18,12 @@ FFN and the final LayerNorm, which act on each position alone, run on the masked
 of them). In the ``cpu`` preset that is a third of the model's matmul work, and a training step
 takes about 30 % less time. The last block's mixer still reads every position.
 
+``model.position`` chooses the position encoding: rotary in every layer (``rope``, the default and
+Su 2021's), or ALiBi, T5's relative bias, xPos (:mod:`.position_mixer`, for the softmax variants
+O and E), or none at all (``nope``, any mechanism; causal only). A variant may set its own
+(``[variants.NAME] position = "alibi"``, :attr:`MixerSpec.position`). With ``objective = "clm"``
+every layer is causal and nothing is masked: position t predicts byte t + 1.
+
 ``positions`` (``forward``, ``hidden_at``): the rotary positions of each window, ``[B, T]`` or
 ``[T]``, handed to every block's mixer; None (every evaluation) is 0..T-1. Training with
 randomized positions (Ruoss et al. 2023, ``TrainConfig.random_positions``) passes them, which
@@ -33,8 +40,16 @@ import torch
 from torch import Tensor, nn
 
 from attnbench import registry
-from attnbench.core.errors import AttnbenchError
+from attnbench.core.errors import AttnbenchError, unknown
 from attnbench.core.spec import Mechanism
+from attnbench.extrapolation.model.position_encodings import (
+    CAUSAL_ONLY,
+    ON_SCORES,
+    POSITIONS,
+    T5_BUCKETS,
+    T5Bias,
+)
+from attnbench.extrapolation.model.position_mixer import SCORED, PositionMixer
 from attnbench.layers import Rotary, make_layer, takes_positions
 from attnbench.runtime.schema import Checked, Invalid, at_least, setting
 
@@ -62,11 +77,40 @@ class ModelConfig(Checked):
         "L: the length the model is trained at (the longest one, with train.window_lengths)",
         valid=at_least(1),
     )
-    rope_base: float = setting(10000.0, "rotary base")
+    rope_base: float = setting(10000.0, "rotary base (rope and xpos)")
+    position: Literal["rope", "alibi", "t5", "nope", "xpos"] = setting(
+        "rope",
+        "the position encoding of every variant that sets none: "
+        + "; ".join(f"{k}: {v}" for k, v in POSITIONS.items()),
+    )
+    objective: Literal["mlm", "clm"] = setting(
+        "mlm",
+        "mlm: masked bytes, a bidirectional encoder (Su 2021); clm: next-byte prediction with "
+        "the causal mask (train.mask_prob and eval.mask_prob are then unused)",
+    )
+    t5_buckets: int = setting(
+        T5_BUCKETS, "position t5: buckets of the relative position (T5: 32)", valid=at_least(4)
+    )
+    t5_max_distance: int = setting(
+        0,
+        "position t5: distances up to it get their own log-spaced buckets, every farther one "
+        "shares the last; 0: train_len (T5: 128 at length 512, so that the last bucket is trained)",
+        valid=at_least(0),
+    )
 
     @property
     def head_dim(self) -> int:
         return self.d_model // self.heads
+
+    @property
+    def causal(self) -> bool:
+        """Whether every layer is causal (the ``clm`` objective)."""
+        return self.objective == "clm"
+
+    @property
+    def t5_distance(self) -> int:
+        """T5's max_distance: ``t5_max_distance``, or L when 0."""
+        return self.t5_max_distance or self.train_len
 
     def __post_init__(self) -> None:
         """The fields that bound each other: heads divide d_model into an even head dim."""
@@ -82,18 +126,61 @@ class ModelConfig(Checked):
                 "heads",
                 f"head dim d_model/heads = {self.head_dim} is odd; rotary needs an even head dim",
             )
+        if (problem := position_problem(self.position, self.objective)) is not None:
+            raise Invalid("position", problem)
+
+
+def variant_position_problem(position: str | None, mechanism: str, objective: str) -> str | None:
+    """Why a variant's own ``position`` cannot be trained (None: it can, or it sets none): an
+    unknown name, a causal-only encoding with the mlm objective, or a bias on a mechanism
+    without softmax scores to add it to."""
+    if position is None:
+        return None
+    if position not in POSITIONS:
+        return str(unknown("position", position, list(POSITIONS)))
+    if (problem := position_problem(position, objective)) is not None:
+        return problem
+    if position in ON_SCORES and mechanism not in SCORED:
+        return (
+            f"position {position} is added to the scores of softmax attention and {mechanism} "
+            f"has none; accepted: the mechanisms {', '.join(SCORED)}, or position rope or nope"
+        )
+    return None
+
+
+def position_problem(position: str, objective: str) -> str | None:
+    """Why ``position`` cannot be trained with ``objective`` (None: it can)."""
+    if position in CAUSAL_ONLY and objective != "clm":
+        why = (
+            "without positions a bidirectional encoder cannot tell one order of its input from "
+            "another"
+            if position == "nope"
+            else "its decay zeta^((i - j)/512) grows without bound for keys after the query"
+        )
+        return (
+            f"model.position = {position} needs model.objective = clm: {why}; accepted with "
+            "mlm: rope, alibi, t5"
+        )
+    return None
 
 
 @dataclass(frozen=True)
 class MixerSpec:
-    """Which mechanism mixes tokens in every block: registry name, path, parameters."""
+    """Which mechanism mixes tokens in every block: registry name, path, parameters, and the
+    variant's own position encoding (None: the model's ``position``)."""
 
     mechanism: str
     path: str | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
+    position: str | None = None
 
     def plain(self) -> dict[str, Any]:
-        return asdict(self) | {"params": dict(self.params)}
+        """As plain data; ``position`` only when the variant sets one (the checkpoint keys of
+        variants from before the field stay as they were)."""
+        out = asdict(self) | {"params": dict(self.params)}
+        if self.position is None:
+            del out["position"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -127,22 +214,42 @@ def resolved(mixer: Mixer | MixerSpec) -> Mixer:
 MixerFactory = Callable[[ModelConfig, int], nn.Module]
 
 
-def registry_mixer(mixer: Mixer | MixerSpec) -> MixerFactory:
-    """Mixers built by :func:`make_layer` from a registry mechanism, with rotary embedding."""
+def position_of(cfg: ModelConfig, mixer: Mixer | MixerSpec) -> str:
+    """The position encoding of a variant: its own, or the model's."""
+    spec = mixer.spec if isinstance(mixer, Mixer) else mixer
+    return spec.position or cfg.position
+
+
+def registry_mixer(mixer: Mixer | MixerSpec, position: str = "rope") -> MixerFactory:
+    """Mixers of a registry mechanism with the position encoding ``position``: built by
+    :func:`make_layer` with rotary embedding (``rope``) or none (``nope``), or a
+    :class:`PositionMixer` (ALiBi, T5, xPos; T5's table shared by every layer); causal under
+    the ``clm`` objective."""
     mixer = resolved(mixer)
     mech, spec = mixer.mechanism, mixer.spec
-    if not mech.bidirectional:
-        raise AttnbenchError(
-            f"{mech.name} is causal only; the extrapolation model is a bidirectional encoder"
-        )
+    shared: dict[str, T5Bias] = {}
 
     def build(cfg: ModelConfig, index: int) -> nn.Module:
-        rope = Rotary(cfg.head_dim, base=cfg.rope_base)
+        if cfg.causal and not mech.causal:
+            raise AttnbenchError(f"{mech.name} has no causal form; model.objective = clm needs one")
+        if not cfg.causal and not mech.bidirectional:
+            raise AttnbenchError(
+                f"{mech.name} is causal only; the mlm objective's model is a bidirectional encoder"
+            )
+        if position in ON_SCORES:
+            if position == "t5" and "t5" not in shared:
+                shared["t5"] = T5Bias(cfg.heads, cfg.t5_buckets, cfg.t5_distance, not cfg.causal)
+            return PositionMixer(
+                cfg.d_model, cfg.heads, mechanism=mech.name, params=mech.resolve(dict(spec.params)),
+                position=position, causal=cfg.causal, rope_base=cfg.rope_base,
+                t5=shared.get("t5"),
+            )  # fmt: skip
+        rope = Rotary(cfg.head_dim, base=cfg.rope_base) if position == "rope" else None
         return make_layer(
             mech,
             cfg.d_model,
             cfg.heads,
-            causal=False,
+            causal=cfg.causal,
             path=spec.path,
             params=dict(spec.params),
             rope=rope,
@@ -290,10 +397,15 @@ def init_weights(model: nn.Module, std: float = 0.02) -> None:
 
 
 def build_model(cfg: ModelConfig, mixer: Mixer | MixerSpec) -> MLMEncoder:
-    """The encoder with ``mixer``'s mechanism in every block (initialised, not trained); a
-    :class:`Mixer` is used as resolved, a spec is resolved once here."""
+    """The model with ``mixer``'s mechanism in every block, at the variant's position encoding
+    (initialised, not trained); a :class:`Mixer` is used as resolved, a spec is resolved once
+    here."""
     mixer = resolved(mixer)
+    position = position_of(cfg, mixer)
+    if (problem := position_problem(position, cfg.objective)) is not None:
+        raise AttnbenchError(problem)
     blocks = 2 * cfg.layers if mixer.whole_block else cfg.layers
-    model = MLMEncoder(cfg, registry_mixer(mixer), with_ffn=not mixer.whole_block, blocks=blocks)
+    factory = registry_mixer(mixer, position)
+    model = MLMEncoder(cfg, factory, with_ffn=not mixer.whole_block, blocks=blocks)
     init_weights(model)
     return model

@@ -17,6 +17,11 @@ Under torchrun every process draws the same full batch and computes the loss of 
 the windows (:func:`share_loss`): the summed cross-entropy of its masked tokens over the whole
 batch's masked-token count, so that the shares add up to the whole batch's loss.
 :class:`HeldoutProbe` is the fixed held-out batch of the training curves.
+
+The causal objective (next-byte prediction, ``causal=True``) draws windows of L + 1 bytes from
+the same generator instead, with no masks: the inputs are the first L bytes, the targets the last
+L (position t predicts byte t + 1), and the batch's ``mask`` is all True, so every position is
+read by the loss through the same :func:`masked_loss`.
 """
 
 from __future__ import annotations
@@ -72,6 +77,26 @@ class BatchSampler:
         mask = torch.rand(tokens.shape, generator=self.gen) < mask_prob  # (W, l)
         return tokens.masked_fill(mask, MASK_ID), tokens[mask], mask
 
+    def next_causal(self, length: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Windows for next-byte prediction: inputs [W, l] (bytes, nothing masked), targets
+        [W * l] (each position's next byte, row-major) and an all-True mask [W, l]; W as
+        :meth:`next`, each window drawn with one byte more than its inputs."""
+        length = self.length if length is None else length
+        if not 1 <= length <= self.length or self.length % length:
+            raise AttnbenchError(f"window length {length} does not divide {self.length}")
+        if self.stream.numel() < length + 1:
+            raise AttnbenchError(
+                f"training stream has {self.stream.numel()} tokens, fewer than one window of "
+                f"{length} and its next byte; use a larger corpus"
+            )
+        count = self.batch * self.length // length
+        starts = torch.randint(
+            0, self.stream.numel() - length, (count,), generator=self.gen
+        )  # (W,)
+        tokens = self.stream[starts[:, None] + torch.arange(length + 1)].long()  # (W, l + 1)
+        inputs = tokens[:, :-1]  # (W, l)
+        return inputs, tokens[:, 1:].reshape(-1), torch.ones_like(inputs, dtype=torch.bool)
+
     def state(self) -> Tensor:
         return self.gen.get_state()
 
@@ -97,11 +122,19 @@ class TrainingBatches:
     of its own, seeded from ``seed`` and its purpose. Every generator's state is in the
     checkpoint (:meth:`state`), so a resumed run draws what an uninterrupted one would. The
     masking rate is the step's (:meth:`TrainConfig.mask_prob_at`): the batches count the steps
-    they have drawn (``drawn``; a resumed run sets it to the checkpoint's step)."""
+    they have drawn (``drawn``; a resumed run sets it to the checkpoint's step). ``causal``: the
+    next-byte batches of the causal objective (no masks, so no copies or masking phases)."""
 
-    def __init__(self, stream: Tensor, cfg: TrainConfig, train_len: int, seed: int):
+    def __init__(
+        self, stream: Tensor, cfg: TrainConfig, train_len: int, seed: int, causal: bool = False
+    ):
         check_training_options(cfg, train_len)
-        self.cfg, self.drawn = cfg, 0
+        if causal and (cfg.copy_share or cfg.final_mask_prob):
+            raise AttnbenchError(
+                "the causal objective has no masks: train.copy_share and train.final_mask_prob "
+                "must be 0 with it"
+            )
+        self.cfg, self.drawn, self.causal = cfg, 0, causal
         self.windows = BatchSampler(stream, train_len, cfg.batch, cfg.mask_prob, seed)
         self.train_len, self.lengths, self.span = (
             train_len,
@@ -122,7 +155,10 @@ class TrainingBatches:
         length = self._length()
         mask_prob = self.cfg.mask_prob_at(self.drawn)
         self.drawn += 1
-        inputs, targets, mask = self.windows.next(length, mask_prob)  # (W, l), (N,), (W, l)
+        if self.causal:
+            inputs, targets, mask = self.windows.next_causal(length)  # (W, l), (W*l,), (W, l)
+        else:
+            inputs, targets, mask = self.windows.next(length, mask_prob)  # (W, l), (N,), (W, l)
         weights = None
         if self.copy_share:
             inputs, targets, weights = self._with_copies(inputs, targets, mask)
@@ -193,15 +229,27 @@ class HeldoutProbe:
 
     @classmethod
     def from_stream(
-        cls, stream: Tensor, length: int, windows: int, mask_prob: float, seed: int, every: int
+        cls,
+        stream: Tensor,
+        length: int,
+        windows: int,
+        mask_prob: float,
+        seed: int,
+        every: int,
+        causal: bool = False,
     ) -> HeldoutProbe | None:
         """``windows`` windows of ``length`` spread evenly over the held-out ``stream``; None
-        when ``every`` is 0 or the stream holds no window."""
-        windows = min(windows, stream.numel() // length)
+        when ``every`` is 0 or the stream holds no window. ``causal``: next-byte windows (one
+        byte more each, no masks: :meth:`BatchSampler.next_causal`)."""
+        windows = min(windows, (stream.numel() - causal) // length)
         if every < 1 or windows < 1:
             return None
-        span = stream.numel() - length  # integer spacing: exact for any stream size
+        span = stream.numel() - length - causal  # integer spacing: exact for any stream size
         starts = torch.arange(windows) * span // max(windows - 1, 1)  # (W,)
+        if causal:
+            tokens = stream[starts[:, None] + torch.arange(length + 1)].long()  # (W, L + 1)
+            inputs, targets = tokens[:, :-1], tokens[:, 1:].reshape(-1)
+            return cls(inputs, targets, torch.ones_like(inputs, dtype=torch.bool), every)
         tokens = stream[starts[:, None] + torch.arange(length)].long()  # (W, L)
         mask = torch.rand(tokens.shape, generator=torch.Generator().manual_seed(seed)) < mask_prob
         if not mask.any():

@@ -124,23 +124,23 @@ def train(
     log_every: int = HISTORY_EVERY,
     dist: DataParallel | None = None,
     heldout: HeldoutProbe | None = None,
+    causal: bool = False,
 ) -> TrainOutcome:
     """Train ``model`` in place (its weights already initialised from ``seed``, on the device
     it is on; batches are drawn on the CPU, so the data order is the same on every device).
 
-    ``resume``: a loaded checkpoint of the same key to continue from. ``on_step(step)`` is called
-    after every completed step (tests use it to deliver a signal mid-run). ``on_log(point)`` is
-    called with every point added to the history (every ``log_every`` steps and the last one).
-    ``dist``: train data-parallel over torchrun's processes (see the module docstring); only its
-    rank 0 writes ``path``, and every rank returns once the file is there. ``heldout``: measure
-    its loss at the first logged step at or past each multiple of ``heldout.every`` and at the
-    last step (into the point's ``heldout_loss``; its time is not counted as training time).
-    """
+    ``resume``: a loaded checkpoint of the same key to continue from. ``causal``: next-byte
+    batches (the ``clm`` objective). ``on_step(step)`` is called after every completed step
+    (tests use it to deliver a signal mid-run). ``on_log(point)`` is called with every point
+    added to the history (every ``log_every`` steps and the last one). ``dist``: data-parallel
+    over torchrun's processes (module docstring); rank 0 alone writes ``path``, every rank
+    returns once it is there. ``heldout``: its loss at the first logged step at or past each
+    multiple of ``heldout.every`` and at the last (``heldout_loss``; not training time)."""
     if log_every < 1:
         raise AttnbenchError(f"invalid log_every={log_every}; accepted: >= 1")
     check_training_options(cfg, train_len, model)
     progress = progress or Silent()
-    sampler = TrainingBatches(stream, cfg, train_len, seed)
+    sampler = TrainingBatches(stream, cfg, train_len, seed, causal)
     device = next(model.parameters()).device
     opt = make_optimizer(model, cfg)
     start, elapsed, history = _restore(resume, model, opt, sampler)

@@ -6,6 +6,10 @@ the scores' relative positions, then the row factors (window, log n scale, tempe
 The dense path spells everything out (and feeds the entropy probe); the same computation through
 SDPA, with the row scale folded into q and the window as a boolean mask, evaluates the rest of the
 windows faster. A row with a trick that remaps the relative positions is dense only.
+
+Under the causal objective (``causal``) every query also sees only itself and earlier keys: the
+window is one-sided, and the keys a query sees (the log n scale's n_i) are i + 1, or at most
+local_window + 1 inside a window.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ class TrickMixer(nn.Module):
     Parameter names match AttentionMixer's for the ``softmax`` mechanism, so a trained O model's
     weights load into it as they are. q, k, v: [B, H, T, D]. ``layer`` (this block's index) and
     ``layers`` (how many blocks) are needed by a trick that treats layers apart (``hwfa``).
+    ``causal``: queries see no later key (a model trained with the causal objective).
     """
 
     def __init__(
@@ -44,6 +49,7 @@ class TrickMixer(nn.Module):
         rope_base: float = 10000.0,
         layer: int | None = None,
         layers: int | None = None,
+        causal: bool = False,
     ) -> None:
         super().__init__()
         needing = [t.name for t in tricks.tricks if t.needs_layers]
@@ -54,7 +60,7 @@ class TrickMixer(nn.Module):
             )
         self.heads, self.head_dim = heads, d_model // heads
         self.tricks, self.rope_base = tricks, rope_base
-        self.layer, self.layers = layer, layers
+        self.layer, self.layers, self.causal = layer, layers, causal
         self.wq = nn.Linear(d_model, d_model, bias=False)
         self.wk = nn.Linear(d_model, d_model, bias=False)
         self.wv = nn.Linear(d_model, d_model, bias=False)
@@ -119,6 +125,10 @@ class TrickMixer(nn.Module):
         n_keys = torch.full((T, 1), float(T), dtype=torch.float64, device=device)
         if self._any("windowed", T):
             visible = (pos[:, None] - pos[None, :]).abs() <= row.local_window  # (T, T)
+        if self.causal:
+            later = pos[None, :] > pos[:, None]  # (T, T): key j after query i
+            visible = ~later if visible is None else visible & ~later
+        if visible is not None:
             n_keys = visible.sum(-1, keepdim=True).to(torch.float64)  # (T, 1)
         factor = torch.full_like(n_keys, 1.0 / math.sqrt(D))  # (T, 1)
         if self._any("log_scaled", T):
@@ -170,6 +180,6 @@ def trick_mixers(tricks: Tricks) -> Callable[[Any, int], TrickMixer]:
 
     def build(cfg: Any, index: int) -> TrickMixer:
         return TrickMixer(cfg.d_model, cfg.heads, tricks, rope_base=cfg.rope_base, layer=index,
-                          layers=cfg.layers)  # fmt: skip
+                          layers=cfg.layers, causal=getattr(cfg, "causal", False))  # fmt: skip
 
     return build
