@@ -53,8 +53,13 @@ def test_a_sweep_trains_every_candidate_and_tabulates_them(tmp_path):
     assert list(table["overrides"]) == ["(the base)", "train.lr=3e-3"]
     for name in ("plain", "fast"):
         rows = pd.read_csv(out / "runs" / name / "extrapolate.csv")
-        at = rows[(rows["eval_len"] == 16) & (rows["variant"] == "O")]["accuracy"].iloc[0]
-        assert table.set_index("candidate").loc[name, "accuracy_at_L"] == round(at, 2)
+        at_l = rows[rows["eval_len"] == 16].set_index("variant")["accuracy"]
+        row = table.set_index("candidate").loc[name]
+        assert row["accuracy_at_L"] == round(at_l["O"], 2)
+        # both floors, each with its margin: the training rate's and the evaluation rate's
+        assert row["fair_floor_at_L"] == round(at_l["count-baseline"], 2)
+        assert row["eval_masks_floor_at_L"] == round(at_l["count-eval-masks"], 2)
+        assert row["margin_eval_masks"] == round(at_l["O"] - at_l["count-eval-masks"], 2)
     assert "| plain | (the base) |" in result.stdout
     # each run's sidecar holds the command that makes it alone (its paths made portable), and
     # that command makes the same numbers

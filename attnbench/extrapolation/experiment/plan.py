@@ -167,7 +167,7 @@ LATER_TRAIN_OPTIONS = {"window_lengths": (), "random_positions": 0, "copy_share"
                        "copy_length": 64, "final_mask_prob": 0.0,
                        "final_mask_steps": 0, "copy_weight": 1.0}  # fmt: skip
 #: The same for the model's shape (the position encoding is the variant's own, when it sets one).
-LATER_MODEL_OPTIONS = {"ffn": "gelu", "position": "rope", "objective": "mlm"}
+LATER_MODEL_OPTIONS = {"ffn": "gelu", "position": "rope", "objective": "mlm", "d_head": 0}
 #: Model options that matter only with one position encoding (out of the key otherwise).
 POSITION_OPTIONS = {"t5_buckets": "t5", "t5_max_distance": "t5"}
 
