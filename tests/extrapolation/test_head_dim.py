@@ -141,6 +141,9 @@ def test_zero_leaves_the_checkpoint_key_as_it_was():
     assert ModelConfig(**plain).head_dim == 16  # keys from before the option load
     wide = softmax_key(load_preset("cpu", parse_settings(["model.heads=4", "model.d_head=64"])))
     assert wide["model"]["d_head"] == 64 and ModelConfig(**wide["model"]).head_dim == 64
+    # d_head set to d_model / heads is the default's model, and its checkpoints are the same
+    same = load_preset("cpu", parse_settings(["model.d_head=16"]))
+    assert softmax_key(same) == softmax_key(load_preset("cpu"))
 
 
 def test_a_mechanism_with_its_own_layer_refuses_a_head_size():
@@ -156,3 +159,28 @@ def test_a_bad_head_size_on_the_command_line_is_one_line_and_exit_2(tmp_path):
     )
     assert result.exit_code == 2, result.output
     assert "d_head = 7 is odd" in result.output and "Traceback" not in result.output
+
+
+def test_a_model_with_d_head_trains_and_is_evaluated_again_from_its_checkpoint(tmp_path):
+    """3 heads of 16 in a width of 32 (inner width 48): trained, every evaluation-time row of the
+    preset evaluated on it (all ok), and the same numbers from its checkpoint with --eval-only."""
+    from attnbench.extrapolation.experiment.run import run_extrapolate
+    from tests.helpers.extrapolation import make_corpus, run_options, tiny_cfg
+
+    cfg = tiny_cfg(make_corpus(tmp_path / "c.txt")).override(
+        {"heads": 3, "d_head": 16, "variants": "O", "steps": 3, "ckpt_every": 0,
+         "eval_time": "logn,local,rerope@48+logn,ntk,yarn,hwfa"}
+    )  # fmt: skip
+    first = run_extrapolate(cfg, run_options(tmp_path / "out"))
+    assert {r["status"] for r in first.rows} == {"ok"}
+    checkpoints = tmp_path / "out" / "checkpoints"
+    again = run_extrapolate(
+        cfg, run_options(tmp_path / "again", eval_only=True, checkpoints=checkpoints)
+    )
+
+    def accuracies(result):
+        return {(r["variant"], r["eval_len"]): r["accuracy"] for r in result.rows}
+
+    assert accuracies(again) == accuracies(first)
+    trained = torch.load(tmp_path / "out/checkpoints/O-seed0.pt", weights_only=False)
+    assert trained["model"]["blocks.0.mixer.wq.weight"].shape == (48, 32)

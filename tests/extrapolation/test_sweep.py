@@ -87,8 +87,9 @@ def test_the_step_costs_are_timed_side_by_side(tmp_path):
     assert (cost["rounds"] == 1).all() and not (out / "sweep.md").exists()  # nothing trained
 
 
-@pytest.mark.parametrize(("name", "folder"), [("cpu-preset", "preset-sweep"),
-                                              ("cpu-head64", "head64-sweep")])
+@pytest.mark.parametrize(
+    ("name", "folder"), [("cpu-preset", "preset-sweep"), ("cpu-head64", "head64-sweep")]
+)
 def test_the_shipped_sweeps_are_the_committed_runs_configurations(name, folder):
     """Every candidate of a shipped sweep that has a committed run reads as the config that run
     recorded (the fields recorded then)."""

@@ -180,6 +180,8 @@ def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus
         if train[name] == old or (name == "copy_length" and off):
             del train[name]
     model = asdict(cfg.model) | {"position": variant.spec.position or cfg.model.position}
+    if model["d_head"] * model["heads"] == model["d_model"]:
+        model["d_head"] = 0  # set to d_model / heads: the same model as its default
     for name, only in POSITION_OPTIONS.items():
         if model["position"] != only:
             del model[name]
