@@ -111,13 +111,26 @@ def make_layer(
     params: Mapping[str, Any] | None = None,
     rope: Rotary | None = None,
     max_len: int = 512,
+    head_dim: int | None = None,
 ) -> nn.Module:
-    """A token-mixing layer for ``mechanism``: x ``[B, T, C]`` -> ``[B, T, C]``."""
+    """A token-mixing layer for ``mechanism``: x ``[B, T, C]`` -> ``[B, T, C]``; ``head_dim``
+    (None: d_model / heads) is for the generic :class:`AttentionMixer` only: a mechanism with its
+    own layer factory sizes its heads itself."""
     mech = registry.get(mechanism)
-    factory = mech.layer or AttentionMixer
-    return factory(
-        mech, d_model, heads, causal=causal, path=path, params=params, rope=rope, max_len=max_len
-    )
+    if mech.layer is not None:
+        if head_dim is not None:
+            raise AttnbenchError(
+                f"{mech.name} builds its own layer, whose head size follows d_model and heads; "
+                f"head_dim = {head_dim} is accepted only by the generic attention layer"
+            )
+        return mech.layer(
+            mech, d_model, heads, causal=causal, path=path, params=params, rope=rope,
+            max_len=max_len,
+        )  # fmt: skip
+    return AttentionMixer(
+        mech, d_model, heads, causal=causal, path=path, params=params, rope=rope,
+        max_len=max_len, head_dim=head_dim,
+    )  # fmt: skip
 
 
 def takes_positions(layer: nn.Module) -> bool:

@@ -11,13 +11,17 @@ from typing import Annotated, Any
 import typer
 
 from attnbench.cli.common import err, fail, out
+from attnbench.runtime.tomlconfig import PRESETS_DIR
+
+#: The shipped sweep files' names (``suites/extrapolate/sweeps/*.toml``), for the help.
+SHIPPED_SWEEPS = ", ".join(sorted(p.stem for p in (PRESETS_DIR / "sweeps").glob("*.toml")))
 
 SweepOption = Annotated[
     str | None,
     typer.Option(
-        help="Run a sweep of configurations instead of one run: a shipped sweep (cpu-preset, "
-        "cpu-compiled) or a TOML file. Each candidate's run goes to OUT/runs/NAME, run.parallel "
-        "at once (--set applies to every candidate), then OUT/sweep.md."
+        help=f"Run a sweep of configurations instead of one run: a shipped sweep "
+        f"({SHIPPED_SWEEPS}) or a TOML file. Each candidate's run goes to OUT/runs/NAME, "
+        "run.parallel at once (--set applies to every candidate), then OUT/sweep.md."
     ),
 ]
 SweepOnlyOption = Annotated[

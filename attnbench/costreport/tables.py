@@ -50,10 +50,12 @@ class Model:
     local_window: int
     rerope_window: int
     dtype: str = MODEL_DTYPE
+    #: The model's ``d_head`` (0: d_model / heads; runs from before the option have none).
+    d_head: int = 0
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.heads
+        return self.d_head or self.d_model // self.heads
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,7 @@ def _model(side: Path, rows: pd.DataFrame) -> Model:
         model, evaluation = config["model"], config.get("eval") or {}
         d_model, heads = int(model["d_model"]), int(model["heads"])
         train_len, layers = int(model["train_len"]), int(model["layers"])
+        d_head = int(model.get("d_head") or 0)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise AttnbenchError(
             f"{side}: not the sidecar of `attnbench run extrapolate` (no config.model: {e})"
@@ -165,6 +168,7 @@ def _model(side: Path, rows: pd.DataFrame) -> Model:
         layers=layers,
         local_window=local,
         rerope_window=rerope,
+        d_head=d_head,
     )
 
 

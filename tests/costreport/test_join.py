@@ -211,3 +211,21 @@ def test_hwfa_is_the_mean_over_layers_of_local_and_full_attention(tmp_path):
     layers = 2  # the helper's model
     assert point.time_per_token_ns == pytest.approx(((layers - 1) * 3.0e6 + 1.0e6) / 2 / 64)
     assert point.memory_per_token_bytes == pytest.approx(9_000 / 64)
+
+
+def test_a_model_with_d_head_is_costed_at_that_head_size(tmp_path):
+    """A run with ``model.d_head`` (heads of 32 in width 128, four of them) is priced at 4 heads of
+    32, not at d_model / heads; a sidecar from before the option reads as d_model / heads."""
+    import json
+
+    folder = write_extrapolation(tmp_path / "ex", extrapolation_rows())
+    side = folder / "extrapolate.json"
+    assert read_extrapolation(folder).model.head_dim == 64  # MODEL: 2 heads in width 128
+    data = json.loads(side.read_text())
+    data["config"]["model"] |= {"heads": 4, "d_head": 32}
+    side.write_text(json.dumps(data))
+    model = read_extrapolation(folder).model
+    assert (model.heads, model.head_dim) == (4, 32)
+    sp = read_speed(write_speed(tmp_path / "sp", speed_rows(heads=4, kv_heads=4, head_dim=32,
+                                                            value_dim=32)))  # fmt: skip
+    assert build_report(read_extrapolation(folder), sp, "fwd").mismatches == ()

@@ -53,8 +53,13 @@ def test_a_sweep_trains_every_candidate_and_tabulates_them(tmp_path):
     assert list(table["overrides"]) == ["(the base)", "train.lr=3e-3"]
     for name in ("plain", "fast"):
         rows = pd.read_csv(out / "runs" / name / "extrapolate.csv")
-        at = rows[(rows["eval_len"] == 16) & (rows["variant"] == "O")]["accuracy"].iloc[0]
-        assert table.set_index("candidate").loc[name, "accuracy_at_L"] == round(at, 2)
+        at_l = rows[rows["eval_len"] == 16].set_index("variant")["accuracy"]
+        row = table.set_index("candidate").loc[name]
+        assert row["accuracy_at_L"] == round(at_l["O"], 2)
+        # both floors, each with its margin: the training rate's and the evaluation rate's
+        assert row["fair_floor_at_L"] == round(at_l["count-baseline"], 2)
+        assert row["eval_masks_floor_at_L"] == round(at_l["count-eval-masks"], 2)
+        assert row["margin_eval_masks"] == round(at_l["O"] - at_l["count-eval-masks"], 2)
     assert "| plain | (the base) |" in result.stdout
     # each run's sidecar holds the command that makes it alone (its paths made portable), and
     # that command makes the same numbers
@@ -82,19 +87,29 @@ def test_the_step_costs_are_timed_side_by_side(tmp_path):
     assert (cost["rounds"] == 1).all() and not (out / "sweep.md").exists()  # nothing trained
 
 
-def test_the_shipped_sweeps_are_the_committed_runs_configurations():
-    """Every candidate of cpu-preset reads as the config its committed run recorded (the fields
-    recorded then), and the table made again from the committed runs is the committed one."""
-    sweep = sweeps.load_sweep("cpu-preset")
-    runs = ROOT / "results/extrapolate/preset-sweep/runs"
+@pytest.mark.parametrize(
+    ("name", "folder"), [("cpu-preset", "preset-sweep"), ("cpu-head64", "head64-sweep")]
+)
+def test_the_shipped_sweeps_are_the_committed_runs_configurations(name, folder):
+    """Every candidate of a shipped sweep that has a committed run reads as the config that run
+    recorded (the fields recorded then)."""
+    sweep = sweeps.load_sweep(name)
+    runs = ROOT / "results/extrapolate" / folder / "runs"
     if not runs.is_dir():
-        pytest.skip("the committed preset sweep is not in this checkout")
-    for name in sweep.names:
+        pytest.skip(f"the committed {name} sweep is not in this checkout")
+    trained = [n for n in sweep.names if (runs / n / "extrapolate.json").exists()]
+    assert len(trained) >= 6, trained
+    for name in trained:
         recorded = json.loads((runs / name / "extrapolate.json").read_text())["config"]
         config = json.loads(json.dumps(sweep.config(name).plain()))
         for section in ("model", "train", "eval", "run"):
             for key, value in recorded[section].items():
+                if (section, key) == ("run", "parallel"):
+                    continue  # how many processes shared the run (a sweep's worker runs 1)
                 assert config[section][key] == value, (name, section, key)
+
+
+def test_the_compiled_sweep_times_a_compiled_step():
     assert sweeps.load_sweep("cpu-compiled").file.candidates["compiled"].compile
 
 

@@ -80,7 +80,7 @@ def model_rows(cfg: ExtrapConfig, opts: EntropyOptions, notes: list[str]) -> lis
         model = build_model(model_cfg, mixer)
         model.load_state_dict(ckpt["model"])
         model.eval()
-        head_dim = model_cfg.d_model // model_cfg.heads
+        head_dim = model_cfg.head_dim
         found = 0
         for n in lengths(opts.min_n, opts.max_n):
             windows = min(opts.model_tokens, heldout.numel()) // n

@@ -167,7 +167,7 @@ LATER_TRAIN_OPTIONS = {"window_lengths": (), "random_positions": 0, "copy_share"
                        "copy_length": 64, "final_mask_prob": 0.0,
                        "final_mask_steps": 0, "copy_weight": 1.0}  # fmt: skip
 #: The same for the model's shape (the position encoding is the variant's own, when it sets one).
-LATER_MODEL_OPTIONS = {"ffn": "gelu", "position": "rope", "objective": "mlm"}
+LATER_MODEL_OPTIONS = {"ffn": "gelu", "position": "rope", "objective": "mlm", "d_head": 0}
 #: Model options that matter only with one position encoding (out of the key otherwise).
 POSITION_OPTIONS = {"t5_buckets": "t5", "t5_max_distance": "t5"}
 
@@ -180,6 +180,8 @@ def checkpoint_key(cfg: ExtrapConfig, variant: TrainedVariant, seed: int, corpus
         if train[name] == old or (name == "copy_length" and off):
             del train[name]
     model = asdict(cfg.model) | {"position": variant.spec.position or cfg.model.position}
+    if model["d_head"] * model["heads"] == model["d_model"]:
+        model["d_head"] = 0  # set to d_model / heads: the same model as its default
     for name, only in POSITION_OPTIONS.items():
         if model["position"] != only:
             del model[name]

@@ -21,7 +21,8 @@ Two measurements, kept apart because they need different conditions:
 
 Either way the table is written again from what the folder holds: ``sweep.csv`` and
 ``sweep.md`` (accuracy at L of the first trained variant, the fair floor ``count-baseline`` of
-the same run, the margin, the cost ratio, the training minutes).
+the same run and the margin, the same table counted at the evaluation's masking rate
+``count-eval-masks`` and the margin to it, the cost ratio, the training minutes).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ import pandas as pd
 import torch
 
 from attnbench.core.errors import AttnbenchError
+from attnbench.extrapolation.evaluation.floors import EVAL_MASKS_LABEL as EVAL_MASKS_FLOOR
+from attnbench.extrapolation.evaluation.floors import LABEL as FLOOR
 from attnbench.extrapolation.experiment.config import ExtrapConfig, load_preset, resolve_variants
 from attnbench.measure import machine
 from attnbench.runtime import tomlconfig
@@ -200,19 +203,24 @@ def _train_candidate(name: str, attempt: int, sweep: Sweep, out: Path, resume: b
                       progress=lambda: LogLines(lines=10))  # fmt: skip
     target.mkdir(parents=True, exist_ok=True)
     result = run_extrapolate(cfg, opts)
-    at = _at_training_length(pd.DataFrame(result.rows), cfg)
-    return f"{name}: {at['model']} {at['accuracy']:.2f} at L, floor {at['floor']:.2f}"
+    at = _at_training_length(pd.DataFrame(result.rows))
+    strict = "" if at["eval_masks_floor"] is None else f", {at['eval_masks_floor']:.2f} at 15 %"
+    return f"{name}: {at['model']} {at['accuracy']:.2f} at L, floor {at['floor']:.2f}{strict}"
 
 
-def _at_training_length(df: pd.DataFrame, cfg: ExtrapConfig | None = None) -> dict[str, Any]:
-    """The first trained row's accuracy at n = L and the fair floor's, of one run's rows."""
+def _at_training_length(df: pd.DataFrame) -> dict[str, Any]:
+    """The first trained row's accuracy at n = L, the fair floor's (``count-baseline``) and,
+    when the run counted it, the same table's counted at the evaluation's masking rate
+    (``count-eval-masks``, None otherwise), of one run's rows."""
     at = df[df["eval_len"] == df["train_len"]]
     models = at[at["kind"] == "trained"]
-    floors = at[at["variant"] == "count-baseline"]
+    floors = at[at["variant"] == FLOOR]
     if models.empty or floors.empty:
-        raise AttnbenchError("a candidate's run has no trained row or no count-baseline at n = L")
+        raise AttnbenchError(f"a candidate's run has no trained row or no {FLOOR} at n = L")
+    strict = at[at["variant"] == EVAL_MASKS_FLOOR]["accuracy"]
     return {"model": models["variant"].iloc[0], "accuracy": float(models["accuracy"].iloc[0]),
-            "floor": float(floors["accuracy"].iloc[0])}  # fmt: skip
+            "floor": float(floors["accuracy"].iloc[0]),
+            "eval_masks_floor": float(strict.iloc[0]) if len(strict) else None}  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -336,6 +344,10 @@ def _profile(step, count: int, path: Path, name: str) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
 def write_table(sweep: Sweep, out: Path) -> str:
     """``sweep.csv`` and ``sweep.md`` from the runs and the costs ``out`` holds; returns the
     Markdown table."""
@@ -355,6 +367,10 @@ def write_table(sweep: Sweep, out: Path) -> str:
             "accuracy_at_L": round(at["accuracy"], 2),
             "fair_floor_at_L": round(at["floor"], 2),
             "margin": round(at["accuracy"] - at["floor"], 2),
+            "eval_masks_floor_at_L": _rounded(at["eval_masks_floor"]),
+            "margin_eval_masks": _rounded(
+                None if at["eval_masks_floor"] is None else at["accuracy"] - at["eval_masks_floor"]
+            ),
             "cost_ratio": costs.loc[name, "cost_ratio"] if name in costs.index else None,
             "train_min_loaded": round(minutes[0], 1) if minutes else None,
         })  # fmt: skip

@@ -65,7 +65,13 @@ class ModelConfig(Checked):
 
     d_model: int = setting(128, "width C of the residual stream", valid=at_least(1))
     layers: int = setting(2, "blocks", valid=at_least(1))
-    heads: int = setting(2, "attention heads; head dim = d_model / heads", valid=at_least(1))
+    heads: int = setting(2, "attention heads", valid=at_least(1))
+    d_head: int = setting(
+        0,
+        "the dimension of each head's queries, keys and values; 0: d_model / heads (the "
+        "attention's inner width heads x d_head may then differ from d_model, as T5's d_kv)",
+        valid=at_least(0),
+    )
     ffn_mult: int = setting(4, "FFN hidden width = ffn_mult * d_model (GELU)", valid=at_least(1))
     ffn: Literal["gelu", "swiglu"] = setting(
         "gelu",
@@ -100,7 +106,8 @@ class ModelConfig(Checked):
 
     @property
     def head_dim(self) -> int:
-        return self.d_model // self.heads
+        """The dimension of each head: ``d_head``, or d_model / heads when it is 0."""
+        return self.d_head or self.d_model // self.heads
 
     @property
     def causal(self) -> bool:
@@ -113,19 +120,21 @@ class ModelConfig(Checked):
         return self.t5_max_distance or self.train_len
 
     def __post_init__(self) -> None:
-        """The fields that bound each other: heads divide d_model into an even head dim."""
+        """The fields that bound each other: an even head dim, from heads dividing d_model
+        unless ``d_head`` sets it."""
         super().__post_init__()
-        if self.d_model % self.heads:
+        if not self.d_head and self.d_model % self.heads:
             raise Invalid(
                 "heads",
                 f"d_model = {self.d_model} is not divisible by heads = {self.heads}; "
-                "accepted: heads dividing d_model",
+                "accepted: heads dividing d_model, or model.d_head set",
             )
         if self.head_dim % 2:
-            raise Invalid(
-                "heads",
-                f"head dim d_model/heads = {self.head_dim} is odd; rotary needs an even head dim",
-            )
+            field_name, what = (
+                ("d_head", f"d_head = {self.d_head}") if self.d_head
+                else ("heads", f"head dim d_model/heads = {self.head_dim}")
+            )  # fmt: skip
+            raise Invalid(field_name, f"{what} is odd; rotary needs an even head dim")
         if (problem := position_problem(self.position, self.objective)) is not None:
             raise Invalid("position", problem)
 
@@ -242,9 +251,14 @@ def registry_mixer(mixer: Mixer | MixerSpec, position: str = "rope") -> MixerFac
             return PositionMixer(
                 cfg.d_model, cfg.heads, mechanism=mech.name, params=mech.resolve(dict(spec.params)),
                 position=position, causal=cfg.causal, rope_base=cfg.rope_base,
-                t5=shared.get("t5"),
+                t5=shared.get("t5"), head_dim=cfg.head_dim,
             )  # fmt: skip
         rope = Rotary(cfg.head_dim, base=cfg.rope_base) if position == "rope" else None
+        if cfg.d_head and mech.layer is not None:
+            raise AttnbenchError(
+                f"model.d_head = {cfg.d_head}: {mech.name} builds its own layer, whose head "
+                "size follows d_model and heads; accepted with it: model.d_head = 0"
+            )
         return make_layer(
             mech,
             cfg.d_model,
@@ -254,6 +268,7 @@ def registry_mixer(mixer: Mixer | MixerSpec, position: str = "rope") -> MixerFac
             params=dict(spec.params),
             rope=rope,
             max_len=cfg.train_len,
+            head_dim=cfg.d_head or None,
         )
 
     return build

@@ -56,6 +56,7 @@ class PositionMixer(nn.Module):
         causal: bool,
         rope_base: float = 10000.0,
         t5: T5Bias | None = None,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
         if mechanism not in SCORED:
@@ -65,13 +66,14 @@ class PositionMixer(nn.Module):
             )
         if position == "t5" and t5 is None:
             raise AttnbenchError("PositionMixer(position='t5') needs the shared T5Bias (t5=...)")
-        self.heads, self.head_dim = heads, d_model // heads
+        self.heads, self.head_dim = heads, head_dim or d_model // heads
+        inner = heads * self.head_dim  # d_model unless head_dim says otherwise
         self.mechanism, self.params = mechanism, dict(params)
         self.position, self.causal, self.rope_base = position, causal, rope_base
-        self.wq = nn.Linear(d_model, d_model, bias=False)
-        self.wk = nn.Linear(d_model, d_model, bias=False)
-        self.wv = nn.Linear(d_model, d_model, bias=False)
-        self.wo = nn.Linear(d_model, d_model, bias=False)
+        self.wq = nn.Linear(d_model, inner, bias=False)
+        self.wk = nn.Linear(d_model, inner, bias=False)
+        self.wv = nn.Linear(d_model, inner, bias=False)
+        self.wo = nn.Linear(inner, d_model, bias=False)
         if position == "alibi":
             self.register_buffer("slopes", torch.tensor(alibi_slopes(heads)), persistent=False)
         self.relative_bias = t5 if position == "t5" else None
@@ -131,7 +133,7 @@ class PositionMixer(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
 
     def forward(self, x: Tensor) -> Tensor:
-        B, T, C = x.shape
+        B, T, _ = x.shape
         H, D = self.heads, self.head_dim
         q = self.wq(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
@@ -140,4 +142,4 @@ class PositionMixer(nn.Module):
             o = self.dense(q, k, v)  # (B, H, T, D)
         else:
             o = self.fused(q, k, v)  # (B, H, T, D)
-        return self.wo(o.transpose(1, 2).reshape(B, T, C))
+        return self.wo(o.transpose(1, 2).reshape(B, T, H * D))

@@ -50,6 +50,7 @@ class TrickMixer(nn.Module):
         layer: int | None = None,
         layers: int | None = None,
         causal: bool = False,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
         needing = [t.name for t in tricks.tricks if t.needs_layers]
@@ -58,13 +59,14 @@ class TrickMixer(nn.Module):
                 f"the {needing[0]} row needs each mixer's layer index and the layer count; got "
                 f"layer={layer}, layers={layers} (TrickMixer(..., layer=i, layers=n), 0 <= i < n)"
             )
-        self.heads, self.head_dim = heads, d_model // heads
+        self.heads, self.head_dim = heads, head_dim or d_model // heads
+        inner = heads * self.head_dim  # d_model unless head_dim says otherwise
         self.tricks, self.rope_base = tricks, rope_base
         self.layer, self.layers, self.causal = layer, layers, causal
-        self.wq = nn.Linear(d_model, d_model, bias=False)
-        self.wk = nn.Linear(d_model, d_model, bias=False)
-        self.wv = nn.Linear(d_model, d_model, bias=False)
-        self.wo = nn.Linear(d_model, d_model, bias=False)
+        self.wq = nn.Linear(d_model, inner, bias=False)
+        self.wk = nn.Linear(d_model, inner, bias=False)
+        self.wv = nn.Linear(d_model, inner, bias=False)
+        self.wo = nn.Linear(inner, d_model, bias=False)
         self.probs_hook: ProbsHook | None = None
         #: Always take the dense path (tests compare it with the SDPA one).
         self.force_dense = False
@@ -162,7 +164,7 @@ class TrickMixer(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=1.0)
 
     def forward(self, x: Tensor) -> Tensor:
-        B, T, C = x.shape
+        B, T, _ = x.shape
         H, D = self.heads, self.head_dim
         q = self.wq(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(B, T, H, D).transpose(1, 2)  # (B, H, T, D)
@@ -171,7 +173,7 @@ class TrickMixer(nn.Module):
             o = self.dense(q, k, v)  # (B, H, T, D)
         else:
             o = self.fused(q, k, v)  # (B, H, T, D)
-        return self.wo(o.transpose(1, 2).reshape(B, T, C))
+        return self.wo(o.transpose(1, 2).reshape(B, T, H * D))
 
 
 def trick_mixers(tricks: Tricks) -> Callable[[Any, int], TrickMixer]:
@@ -180,6 +182,7 @@ def trick_mixers(tricks: Tricks) -> Callable[[Any, int], TrickMixer]:
 
     def build(cfg: Any, index: int) -> TrickMixer:
         return TrickMixer(cfg.d_model, cfg.heads, tricks, rope_base=cfg.rope_base, layer=index,
-                          layers=cfg.layers, causal=getattr(cfg, "causal", False))  # fmt: skip
+                          layers=cfg.layers, causal=getattr(cfg, "causal", False),
+                          head_dim=getattr(cfg, "head_dim", None))  # fmt: skip
 
     return build
