@@ -60,6 +60,11 @@ class AttentionMixer(nn.Module):
         self.causal, self.heads, self.head_dim = causal, heads, head_dim
         shape = self.mech.shape_for(Shape(1, heads, max_len, head_dim), self.params)
         self.kv_heads, self.value_dim = shape.hkv, shape.dv
+        if heads % self.kv_heads:  # as the call's check (attnbench.api), before any kernel
+            raise AttnbenchError(
+                f"{self.mech.name}: kv_heads={self.kv_heads} does not divide heads={heads}; "
+                "accepted: a divisor of the query heads"
+            )
         self.wq = nn.Linear(d_model, heads * head_dim, bias=False)
         self.wk = nn.Linear(d_model, self.kv_heads * head_dim, bias=False)
         self.wv = nn.Linear(d_model, self.kv_heads * self.value_dim, bias=False)

@@ -68,6 +68,21 @@ def test_grouped_heads_share_kv(kv_heads):
     torch.testing.assert_close(attention(name, q, k, v, causal=True, **extra), want)
 
 
+def test_kv_heads_that_do_not_divide_the_query_heads_are_refused_in_words():
+    """3 query heads and 2 K/V heads: the layer says what divides what, as the call does, instead
+    of the kernel's error on the first forward."""
+    from attnbench.core.errors import AttnbenchError
+    from attnbench.layers import make_layer
+
+    q = torch.randn(1, 3, 8, 4)
+    k, v = torch.randn(1, 2, 8, 4), torch.randn(1, 2, 8, 4)
+    with pytest.raises(AttnbenchError, match="kv_heads=2 does not divide heads=3"):
+        attention("gqa", q, k, v, kv_heads=2)
+    with pytest.raises(AttnbenchError, match="gqa: kv_heads=2 does not divide heads=3"):
+        make_layer("gqa", 12, 3, params={"kv_heads": 2})
+    assert make_layer("gqa", 12, 3, params={"kv_heads": 3}).kv_heads == 3
+
+
 def test_rotary_is_relative():
     """RoPE scores depend only on the offset between positions."""
     rope = Rotary(16)
