@@ -73,6 +73,9 @@ class SpeedSuite:
     matmul_size: int = 2048
     matmul_max_s: float = 1.0  # the matmul is sized down until a call takes at most this long
     copy_mib: int = 256  # decoding's memory roofline: a copy of this many MiB
+    #: ``[profile]``: calls of each case run under torch.profiler (0: none), and Chrome traces.
+    profile_calls: int = 0
+    profile_trace: bool = False
     #: Parameter overrides per mechanism name, as given (values or text; resolved per mechanism).
     params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: Overrides from --param NAME=VALUE, applied to every selected mechanism that has NAME.
@@ -138,6 +141,7 @@ class SpeedSuite:
             "matmul_size": self.matmul_size,
             "matmul_max_s": self.matmul_max_s,
             "copy_mib": self.copy_mib,
+            "profile": {"calls": self.profile_calls, "trace": self.profile_trace},
             "params": {k: dict(v) for k, v in self.params.items()},
             "common_params": dict(self.common_params),
         }
@@ -224,6 +228,8 @@ def parse_suite(text: SuiteText, mechanisms: Sequence[Mechanism] | None = None) 
         matmul_size=timing.matmul_size,
         matmul_max_s=timing.matmul_max_s,
         copy_mib=timing.copy_mib,
+        profile_calls=file.profile.calls,
+        profile_trace=file.profile.trace,
         params={k: dict(v) for k, v in file.params.items()},
     )
     _check_names(text, suite, mechs)

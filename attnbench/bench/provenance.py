@@ -21,6 +21,7 @@ import torch
 
 from attnbench.bench.config import SpeedSuite
 from attnbench.bench.failures import one_line
+from attnbench.bench.profiles import KERNELS_NAME, TRACES_DIR
 from attnbench.bench.results import SAMPLES_NAME
 from attnbench.bench.summary import COMPLEXITY_NAME, CSV_NAME
 from attnbench.measure import machine
@@ -163,7 +164,13 @@ def start_sidecar(
         "versions": machine.versions(),
         "git": machine.git_state(),
         "conventions": CONVENTIONS,
-        "files": {"rows": CSV_NAME, "complexity": COMPLEXITY_NAME, "samples": SAMPLES_NAME},
+        "files": {
+            "rows": CSV_NAME,
+            "complexity": COMPLEXITY_NAME,
+            "samples": SAMPLES_NAME,
+            **({"kernels": KERNELS_NAME} if suite.profile_calls else {}),
+            **({"traces": TRACES_DIR} if suite.profile_calls and suite.profile_trace else {}),
+        },
         "load": {"before_1_5_15min": list(watch.before) if watch.before else None},
         "warnings": before,
     }

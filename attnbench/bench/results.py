@@ -220,7 +220,7 @@ class LineFile:
             self._fd = None
 
 
-def _csv_line(cells: Sequence[Any]) -> str:
+def csv_line(cells: Sequence[Any]) -> str:
     buffer = io.StringIO()
     csv.writer(buffer).writerow(cells)
     return buffer.getvalue()
@@ -240,7 +240,7 @@ class ResultsWriter:
             _widen_older_header(path)
         else:  # the header whole or not at all: a full disk leaves no empty results file
             with atomic_open(path, "w", encoding="utf-8", newline="") as f:
-                f.write(_csv_line(COLUMNS))
+                f.write(csv_line(COLUMNS))
         self._file = LineFile(path, append=True)
         self.rows = 0
 
@@ -256,13 +256,13 @@ def _row_line(row: Mapping[str, Any]) -> str:
     extra = set(row) - set(COLUMNS)
     if extra:
         raise KeyError(f"not results columns: {sorted(extra)}")
-    return _csv_line([cell(row.get(c)) for c in COLUMNS])
+    return csv_line([cell(row.get(c)) for c in COLUMNS])
 
 
 def results_text(rows: Iterable[Mapping[str, Any]]) -> str:
     """A whole results CSV, header and rows, as :class:`ResultsWriter` writes it: for a file
     written at once, whole or not at all (``attnbench merge``)."""
-    return "".join([_csv_line(COLUMNS), *(_row_line(row) for row in rows)])
+    return "".join([csv_line(COLUMNS), *(_row_line(row) for row in rows)])
 
 
 def _older_header(header: Sequence[str]) -> bool:
@@ -280,9 +280,9 @@ def _widen_older_header(path: Path) -> None:
     if not rows or tuple(rows[0]) == COLUMNS or not _older_header(rows[0]):
         return
     where = {name: i for i, name in enumerate(rows[0])}
-    lines = [_csv_line(COLUMNS)]
+    lines = [csv_line(COLUMNS)]
     for row in rows[1:]:
-        lines.append(_csv_line([row[where[c]] if c in where else "" for c in COLUMNS]))
+        lines.append(csv_line([row[where[c]] if c in where else "" for c in COLUMNS]))
     with atomic_open(path, "w", encoding="utf-8", newline="") as f:
         f.write("".join(lines))
 

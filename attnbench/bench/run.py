@@ -47,6 +47,8 @@ from attnbench import registry
 from attnbench.bench.complexity import fit_exponents
 from attnbench.bench.config import SpeedSuite, reference_pair
 from attnbench.bench.plan import Group, plan
+from attnbench.bench.profiles import KERNELS_NAME, TRACES_DIR, KernelsWriter
+from attnbench.bench.profiles import clear as clear_profiles
 from attnbench.bench.provenance import (
     calibration,
     finish_sidecar,
@@ -62,6 +64,7 @@ from attnbench.bench.results import (
     SamplesWriter,
     plain,
     read_results,
+    row_key,
 )
 from attnbench.bench.runner import SweepRunner
 from attnbench.bench.summary import (
@@ -87,10 +90,9 @@ from attnbench.runtime.warning_log import WarningLog
 def prepare_out_dir(out: FilePath, overwrite: bool) -> None:
     """Create ``out`` and make sure it can be written; never clobber results unless told
     (:func:`~attnbench.runtime.outputs.refuse_to_replace`, the rule of every command)."""
-    refuse_to_replace(
-        [out / CSV_NAME, out / SAMPLES_NAME, out / COMPLEXITY_NAME],
-        option="--out", folder=out, overwrite=overwrite,
-    )  # fmt: skip
+    names = (CSV_NAME, SAMPLES_NAME, COMPLEXITY_NAME, KERNELS_NAME, TRACES_DIR)
+    refuse_to_replace([out / name for name in names], option="--out", folder=out,
+                      overwrite=overwrite)  # fmt: skip
     ensure_dir(out, "--out folder")
     try:
         probe = out / ".attnbench-write-test"
@@ -125,7 +127,7 @@ def run_speed(
     if previous:
         refuse_other_settings(out_dir, suite, previous)
     prepare_out_dir(out_dir, overwrite or resume)
-    new_files = [p for p in (csv_path, side_path, out_dir / SAMPLES_NAME) if not p.exists()]
+    new_files = _new_files(out_dir, suite, previous)
     retained = retain_freed_memory() if suite.timing.retain_memory else False
     threads_before = torch.get_num_threads()
     threads = suite.thread_count()
@@ -137,7 +139,7 @@ def run_speed(
     sidecar = start_sidecar(suite, device, threads, command, retained, watch, before)
     try:
         write_json(side_path, sidecar)
-        writer, samples_writer = _open_writers(out_dir, bool(previous))
+        writer, samples_writer, kernels = _open_writers(out_dir, previous, suite)
     except BaseException:  # a full disk: no file of this run is left behind, and no thread
         torch.set_num_threads(threads_before)
         watch.stop()
@@ -147,7 +149,7 @@ def run_speed(
     book = Recorder(suite, writer, samples_writer, progress, threads=threads, clock=clock.name,
                     device_name=machine.device_name(device),
                     recorded=None if unit is None else {unit.mechanism})  # fmt: skip
-    runner = SweepRunner(suite, groups, book, progress, ref, clock)
+    runner = SweepRunner(suite, groups, book, progress, ref, clock, kernels)
     if unit is not None:
         sidecar["unit"] = unit.id
     total = sum(1 for g in groups for c in g.cases if book.writes(c))
@@ -169,8 +171,7 @@ def run_speed(
     else:
         new_files = []
     finally:
-        writer.close()
-        samples_writer.close()
+        _close(writer, samples_writer, kernels)
         torch.set_num_threads(threads_before)
         load = watch.stop()
         progress.finish()
@@ -180,7 +181,20 @@ def run_speed(
     run = _finish(suite, runner, out_dir, sidecar, interrupted, wall, load, before, busy_threads)
     run.warnings = caught.count
     run.warnings_file = caught.path if caught.count else None
+    run.kernels, run.profiled = (kernels.path, kernels.cases) if kernels else (None, 0)
     return run
+
+
+def _new_files(
+    out_dir: FilePath, suite: SpeedSuite, previous: list[dict[str, Any]]
+) -> list[FilePath]:
+    """The files this run will create that are not there yet (removed again if it fails
+    before its first row). A run that starts over (no ``previous`` rows) first removes the
+    profiles of the run it replaces: they go with its rows."""
+    if not previous:
+        clear_profiles(out_dir)
+    names = [CSV_NAME, SIDECAR_NAME, SAMPLES_NAME] + [KERNELS_NAME] * bool(suite.profile_calls)
+    return [out_dir / name for name in names if not (out_dir / name).exists()]
 
 
 def _planned(
@@ -213,14 +227,31 @@ def run_title(suite: SpeedSuite, device: torch.device, threads: int) -> str:
     return title
 
 
-def _open_writers(out_dir: FilePath, append: bool) -> tuple[ResultsWriter, SamplesWriter]:
-    """The results file (a new one starts with its header, written whole or not at all) and the
-    samples file, open for rows; the first closed again when the second cannot be opened."""
-    writer = ResultsWriter(out_dir / CSV_NAME, append=append)
+def _close(*files: Any) -> None:
+    for f in files:
+        if f is not None:
+            f.close()
+
+
+def _open_writers(
+    out_dir: FilePath, previous: list[dict[str, Any]], suite: SpeedSuite
+) -> tuple[ResultsWriter, SamplesWriter, KernelsWriter | None]:
+    """The results file (a new one starts with its header, written whole or not at all; a
+    resumed run's ``previous`` rows kept), the samples file and, with ``[profile] calls``, the
+    kernel profiles' file, open for rows; those opened are closed again when the next cannot be
+    opened."""
+    append = bool(previous)
+    kept = {row_key(r) for r in previous} if previous else None
+    opened: list = []
     try:
-        return writer, SamplesWriter(out_dir / SAMPLES_NAME, append=append)
+        opened.append(ResultsWriter(out_dir / CSV_NAME, append=append))
+        opened.append(SamplesWriter(out_dir / SAMPLES_NAME, append=append))
+        kernels = None
+        if suite.profile_calls:
+            kernels = KernelsWriter(out_dir, suite.profile_calls, suite.profile_trace, kept)
+        return opened[0], opened[1], kernels
     except BaseException:
-        writer.close()
+        _close(*opened)
         raise
 
 
@@ -290,7 +321,7 @@ def unit_groups(groups: list[Group], unit: Unit, ref: tuple[str, str] | None) ->
 
 
 #: Settings a resumed run may differ in: they do not change what a row means.
-NOT_COMPARED = ("description", "file", "sha256")
+NOT_COMPARED = ("description", "file", "sha256", "profile")
 
 
 def refuse_other_settings(out: FilePath, suite: SpeedSuite, previous: list[dict[str, Any]]) -> None:

@@ -22,6 +22,7 @@ from attnbench.bench.inference import (
 )
 from attnbench.bench.member import Member, free_memory, set_up
 from attnbench.bench.plan import Case, Group, unsupported_reason
+from attnbench.bench.profiles import KernelsWriter
 from attnbench.bench.record import Recorder
 from attnbench.bench.warmup_notes import note_first_call, slow_first_call
 from attnbench.core.errors import AttnbenchError
@@ -56,6 +57,7 @@ class SweepRunner:
         progress: Progress,
         ref: tuple[str, str] | None,
         clock: Clock,
+        kernels: KernelsWriter | None = None,
     ) -> None:
         self.suite = suite
         self.groups = groups
@@ -63,6 +65,7 @@ class SweepRunner:
         self.progress = progress
         self.ref = ref
         self.clock = clock
+        self.kernels = kernels  # [profile]: each admitted case profiled before the rounds
         self.device = suite.torch_device()
         self.anchors: dict[torch.dtype, tuple[MatmulAnchor, int]] = {}  # dtype -> (matmul, block)
         self.mm_rates: dict[str, list[float]] = {}  # dtype -> the matmul rate of every group
@@ -100,6 +103,8 @@ class SweepRunner:
             member = self._admit(case, inputs_cache, need_fwd_memory)
             if member is not None:
                 members.append(member)
+        if members and self.kernels is not None:
+            self._profile(members)
         if members:
             anchor, block = self._anchor(group.dtype)
             copy = self._copy_member() if group.query_len is not None else None
@@ -144,6 +149,16 @@ class SweepRunner:
         # Out of the except block: the traceback no longer pins the failed call's tensors.
         free_memory(self.device)
         return None
+
+    def _profile(self, members: list[Member]) -> None:
+        """``[profile] calls`` more calls of each member under torch.profiler, untimed, into
+        kernels.csv (:mod:`attnbench.bench.profiles`); a failed profile is a warning only."""
+        for m in members:
+            if not self.book.writes(m.case):
+                continue
+            self.progress.note(f"profiling {m.case.label()}")
+            self.kernels.profile(m.case, self.book.row(m.case, "ok"), m.call,
+                                 self.progress.warning)  # fmt: skip
 
     def _anchor(self, dtype: torch.dtype) -> tuple[MatmulAnchor, int]:
         """The group's matmul (sized by wall time, built and warmed once per dtype:

@@ -248,6 +248,24 @@ class Timing(Checked):
 
 
 @dataclass(frozen=True)
+class Profile(Checked):
+    """``[profile]``: where each case's time goes, from torch.profiler (untimed calls)."""
+
+    calls: int = setting(
+        0,
+        "after its warm-up, run each case this many more times under torch.profiler, untimed, "
+        "and write what ran (CUDA: every kernel, copy and memset; CPU: operators by self time) "
+        "to `kernels.csv`; 0: no profile",
+        valid=within(0, 1000),
+    )
+    trace: bool = setting(
+        False,
+        "also write each profiled case as a Chrome trace, `traces/<case>.json` (Perfetto, "
+        "chrome://tracing); with `calls` > 0",
+    )
+
+
+@dataclass(frozen=True)
 class SuiteFile(Checked):
     """A speed suite file: two keys at the top, then its tables."""
 
@@ -257,6 +275,7 @@ class SuiteFile(Checked):
     shape: Shape = setting(Shape, "the tensor shape of each case")
     limits: Limits = setting(Limits, "lengths not to attempt")
     timing: Timing = setting(Timing, "warm-up, rounds, threads, calibration")
+    profile: Profile = setting(Profile, "kernel profiles of the cases (none by default)")
     params: dict[str, dict[str, Any]] = setting(
         {},
         "parameter overrides: `[params.NAME]` then `key = value`",
@@ -265,4 +284,4 @@ class SuiteFile(Checked):
 
 
 #: The tables of a suite file, for ``--set SECTION.FIELD=VALUE`` (``params.NAME.KEY`` too).
-SECTIONS = ("grid", "shape", "limits", "timing", "params")
+SECTIONS = ("grid", "shape", "limits", "timing", "profile", "params")

@@ -42,6 +42,9 @@ class SpeedRun:
     #: Warnings of torch and the libraries kept out of the terminal, and the file holding them.
     warnings: int = 0
     warnings_file: FilePath | None = None
+    #: ``[profile]``: the kernel profiles' file, and how many cases this run profiled.
+    kernels: FilePath | None = None
+    profiled: int = 0
 
     @property
     def counts(self) -> dict[str, int]:

@@ -150,7 +150,7 @@ SetOption = Annotated[
     typer.Option(
         "--set",
         help="Any suite key as SECTION.FIELD=VALUE, over the suite file before it is checked; "
-        "sections: grid, shape, limits, timing, params.NAME (e.g. timing.rounds=9 or "
+        "sections: grid, shape, limits, timing, profile, params.NAME (e.g. timing.rounds=9 or "
         "grid.dtypes=bf16). Repeatable; the options above apply after it.",
     ),
 ]
@@ -369,6 +369,12 @@ def unit_wise(
     if out_dir is None:
         raise AttnbenchError(
             "--shard / --executor: give --out (the folder every shard writes its units to)"
+        )
+    if suite.profile_calls:
+        raise AttnbenchError(
+            f"[profile] calls = {suite.profile_calls}: kernel profiles are recorded by a run in "
+            "one process; accepted: --shard / --executor with profile.calls = 0, or the "
+            "profile without them"
         )
     return run_units(suite, out_dir, executor or "local", parsed_shard, resume, overwrite,
                      ray_address)  # fmt: skip

@@ -243,6 +243,8 @@ def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
         out.print(f"{warnings_line(run)}", highlight=False)
     warn_about(run)
     out.print(f"wrote {run.csv}, {run.complexity}, {run.sidecar}")
+    if run.kernels is not None:
+        out.print(f"kernel profiles of {run.profiled} cases: {run.kernels}", highlight=False)
     if figures:
         out.print(f"figures: {figures[0].parent}/ ({', '.join(p.name for p in figures)})")
 
@@ -330,6 +332,7 @@ def summary_json(run: SpeedRun, figures: list[Path]) -> str:
             "results": str(run.csv),
             "complexity": str(run.complexity),
             "sidecar": str(run.sidecar),
+            "kernels": str(run.kernels) if run.kernels is not None else None,
             "figures": [str(p) for p in figures],
         },
     }

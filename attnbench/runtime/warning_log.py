@@ -21,6 +21,10 @@ from typing import IO, Any
 
 #: How many distinct warnings a summary lists.
 TOP_KINDS = 10
+#: Loggers whose stream handler never prints: torch's structured trace (``torch.__trace``,
+#: DEBUG records for tlparse, written to files only when TORCH_TRACE is set; torch.profiler and
+#: torch.compile emit them by the thousand).
+NEVER_PRINTED = ("torch.__trace",)
 
 
 class _Swallow(logging.Filter):
@@ -33,6 +37,8 @@ class _Swallow(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "attnbench" or record.name.startswith("attnbench."):
             return True  # attnbench's own messages (through the root logger) still show
+        if record.name in NEVER_PRINTED:
+            return True  # left to the handler, as without the log
         self.log.record(record)
         return False
 
@@ -53,6 +59,8 @@ def _console_handlers(prefix: str = "torch") -> list[logging.Handler]:
     and on the root logger (a program that called ``logging.basicConfig``)."""
     loggers = [logging.getLogger()]
     for name, logger in list(logging.root.manager.loggerDict.items()):
+        if name in NEVER_PRINTED:
+            continue
         if isinstance(logger, logging.Logger) and (name == prefix or name.startswith(prefix + ".")):
             loggers.append(logger)
     return [

@@ -282,7 +282,7 @@ def test_run_speed_bad_set_is_one_line_naming_it(tmp_path, sets, expect):
 def test_run_speed_help_lists_the_sections_of_set():
     result = runner.invoke(_app(), ["run", "speed", "--help"], env={"COLUMNS": "300"})
     assert result.exit_code == 0
-    assert "grid, shape, limits, timing, params.NAME" in " ".join(result.output.split())
+    assert "grid, shape, limits, timing, profile, params.NAME" in " ".join(result.output.split())
 
 
 def test_run_extrapolate_options_and_set_share_one_path():
