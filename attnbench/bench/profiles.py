@@ -130,3 +130,26 @@ class KernelsWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def top_entries(
+    path: Path, count: int = 3
+) -> list[tuple[str, float, float, list[tuple[str, float]]]]:
+    """Each profiled case of a kernels.csv, in file order, as (label, busy us, wall us, its
+    ``count`` largest entries as (name, share)): what a run's summary shows."""
+    with path.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    cases: dict[tuple[str, ...], list[dict[str, str]]] = {}
+    for row in rows:
+        cases.setdefault(tuple(row[c] for c in KEY), []).append(row)
+    found = []
+    for entries in cases.values():
+        first = entries[0]
+        tag = "causal" if first["causal"] == "true" else "bidir"
+        query = f" q={first['query_len']}" if first["query_len"] else ""
+        label = (f"{first['mechanism']}:{first['path']} {first['direction']} {tag} "
+                 f"n={first['seq_len']}{query} d={first['head_dim']} {first['dtype']}")  # fmt: skip
+        top = sorted(entries, key=lambda r: int(r["rank"]))[:count]
+        found.append((label, float(first["busy_us_per_call"]), float(first["wall_us_per_call"]),
+                      [(r["name"], float(r["share"])) for r in top]))  # fmt: skip
+    return found

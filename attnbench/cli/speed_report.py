@@ -244,9 +244,36 @@ def print_summary(run: SpeedRun, figures: list[Path] | None = None) -> None:
     warn_about(run)
     out.print(f"wrote {run.csv}, {run.complexity}, {run.sidecar}")
     if run.kernels is not None:
-        out.print(f"kernel profiles of {run.profiled} cases: {run.kernels}", highlight=False)
+        print_profiles(run.kernels, run.profiled)
     if figures:
         out.print(f"figures: {figures[0].parent}/ ({', '.join(p.name for p in figures)})")
+
+
+#: Profiled cases listed in the summary at most (the rest: kernels.csv).
+PROFILES_SHOWN = 24
+
+
+def print_profiles(path: Path, profiled: int) -> None:
+    """Each profiled case in one line: its busy and wall time per call and its three largest
+    kernels (operators on the CPU) with their shares; the whole table is in ``path``."""
+    from attnbench.bench.profiles import top_entries
+
+    cases = top_entries(path) if path.is_file() else []
+    for label, busy, wall, top in cases[:PROFILES_SHOWN]:
+        kernels = ", ".join(f"{_short(name)} {share:.0%}" for name, share in top)
+        out.print(f"  {escape(label)}: busy {busy:.0f} of {wall:.0f} us a call; {escape(kernels)}",
+                  highlight=False, soft_wrap=True)  # fmt: skip
+    more = f" (the first {PROFILES_SHOWN} above)" if len(cases) > PROFILES_SHOWN else ""
+    out.print(f"kernel profiles of {profiled} cases this run{more}: {path}", highlight=False)
+
+
+def _short(name: str, width: int = 60) -> str:
+    """A kernel's name cut in the middle for a line (a library kernel's C++ name runs to
+    hundreds of characters; its start and end tell kernels apart)."""
+    if len(name) <= width:
+        return name
+    half = (width - 1) // 2
+    return name[:half] + "\u2026" + name[-half:]
 
 
 def warnings_line(run: SpeedRun) -> str:

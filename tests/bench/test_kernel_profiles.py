@@ -106,6 +106,17 @@ def test_a_run_profiles_every_ok_case_into_kernels_csv(tmp_path):
     assert (run.kernels, run.profiled) == (tmp_path / KERNELS_NAME, len(ok))
 
 
+def test_the_summary_lists_each_profiled_case_with_its_largest_entries(tmp_path):
+    run = run_speed(profiled(lengths=(16,)), tmp_path, mechanisms=MECHS)
+    cases = profiles.top_entries(run.kernels)
+    assert len(cases) == run.profiled == len(read_results(run.csv))
+    for label, busy, wall, top in cases:
+        assert label.startswith("softmax:") and " n=16 d=8 float32" in label
+        assert busy > 0 and wall > 0 and 1 <= len(top) <= 3
+        shares = [share for _, share in top]
+        assert shares == sorted(shares, reverse=True) and sum(shares) <= 1 + 1e-6
+
+
 def test_a_failed_profile_costs_no_measurement(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("profiler unavailable")
