@@ -1,22 +1,25 @@
-"""Kernel profiles of a speed run (suite table ``[profile]``): for each case set up and warmed
-up, ``calls`` more calls under torch.profiler (:mod:`attnbench.measure.kernel_profile`), untimed,
-before the group's timed rounds; what ran is written at once to ``kernels.csv`` beside the
-results, one row per (case, kernel or operator), and, with ``trace = true``, a Chrome trace per
-case under ``traces/``.
+"""Kernel profiles of a speed run (suite table ``[profile]``): once every group is timed, each
+case with an ok row is set up again and runs ``calls`` more calls under torch.profiler
+(:mod:`attnbench.measure.kernel_profile`; fewer when they would take over ``PROFILE_BUDGET_S``);
+what ran is written at once to ``kernels.csv`` beside the results, one row per (case, kernel or
+operator), and, with ``trace = true``, a Chrome trace per case under ``traces/``.
 
-A profile must not cost the measurement: a case whose profiled calls fail keeps its timing (the
-failure is a warning; the timed rounds then decide the case's row)."""
+A profile must not cost the measurement: it runs after the last timed round, and a case whose
+profile fails keeps its row (the failure is a warning)."""
 
 from __future__ import annotations
 
 import contextlib
 import csv
+import hashlib
+import json
+import math
 import re
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from attnbench.bench.failures import StickyDeviceError, is_sticky_cuda_error, one_line
 from attnbench.bench.plan import Case
 from attnbench.bench.results import KEY, LineFile, cell, csv_line, cut_unterminated_line
 from attnbench.core.errors import AttnbenchError
@@ -26,6 +29,8 @@ from attnbench.runtime.outputs import atomic_open
 #: The files beside results.csv.
 KERNELS_NAME = "kernels.csv"
 TRACES_DIR = "traces"
+#: A case's profiled calls are cut to what takes about this long (seconds; at least one call).
+PROFILE_BUDGET_S = 5.0
 #: The columns of kernels.csv: the case (its results row's key), then one kernel or operator.
 KERNEL_COLUMNS: tuple[str, ...] = (
     "suite",
@@ -44,18 +49,39 @@ KERNEL_COLUMNS: tuple[str, ...] = (
 )
 
 
+def calls_within(calls: int, per_call_s: float) -> int:
+    """``calls``, or fewer (at least one) when they would take over PROFILE_BUDGET_S."""
+    if per_call_s <= 0:
+        return calls
+    return max(1, min(calls, math.floor(PROFILE_BUDGET_S / per_call_s)))
+
+
 def trace_name(case_key: dict[str, Any]) -> str:
-    """A case's trace file name: its key's cells, filesystem-safe (``softmax-efficient-...``)."""
-    text = "-".join(cell(case_key.get(c)) for c in KEY if cell(case_key.get(c)))
-    return re.sub(r"[^A-Za-z0-9_.=+-]+", "_", text)[:200] + ".json"
+    """A case's trace file name: its key's cells, filesystem-safe and cut to 160 characters,
+    then a hash of the whole key (two cases whose names share the first 160 stay apart)."""
+    cells = [cell(case_key.get(c)) for c in KEY]
+    text = re.sub(r"[^A-Za-z0-9_.=+-]+", "_", "-".join(c for c in cells if c))[:160]
+    digest = hashlib.sha1("\x1f".join(cells).encode("utf-8")).hexdigest()[:10]
+    return f"{text}-{digest}.json"
 
 
-def clear(out_dir: Path) -> None:
+def clear(out_dir: Path, sidecar: Path) -> None:
     """A run that starts over (not a resumed one) removes the profiles of the run it replaces,
-    so that none are left beside results they do not belong to."""
-    with contextlib.suppress(FileNotFoundError):
-        (out_dir / KERNELS_NAME).unlink()
-    shutil.rmtree(out_dir / TRACES_DIR, ignore_errors=True)
+    so that none are left beside results they do not belong to: the files that run's sidecar
+    names (kernels.csv, the traces' ``.json`` files), nothing else."""
+    try:
+        files = json.loads(sidecar.read_text(encoding="utf-8")).get("files") or {}
+    except (OSError, ValueError, AttributeError):
+        return
+    if files.get("kernels") == KERNELS_NAME:
+        with contextlib.suppress(FileNotFoundError):
+            (out_dir / KERNELS_NAME).unlink()
+    traces = out_dir / TRACES_DIR
+    if files.get("traces") == TRACES_DIR and traces.is_dir():
+        for trace in traces.glob("*.json"):
+            trace.unlink()
+        with contextlib.suppress(OSError):
+            traces.rmdir()  # only when nothing else is left in it
 
 
 def _keep_only(path: Path, kept: set[tuple[str, ...]]) -> None:
@@ -101,14 +127,24 @@ class KernelsWriter:
         row: dict[str, Any],
         call: Callable[[], object],
         warn: Callable[[str], None],
+        calls: int | None = None,
     ) -> CallProfile | None:
-        """Profile ``call`` (the case's, warmed up) and write its rows; ``row`` gives the case's
-        key columns. A failure is passed to ``warn`` and returns None."""
+        """Profile ``call`` (the case's, warmed up) ``calls`` times (default: the suite's) and
+        write its rows; ``row`` gives the case's key columns. A failure, or a profile in which
+        the GPU recorded nothing (profiling not permitted, another profiler attached), is passed
+        to ``warn`` and returns None; a sticky CUDA error is raised (StickyDeviceError)."""
         trace = self.traces / trace_name(row) if self.traces is not None else None
         try:
-            found = profile_call(call, case.device, self.calls, trace)
+            found = profile_call(call, case.device, calls or self.calls, trace)
         except Exception as e:  # a profile must not cost the measurement
-            warn(f"{case.label()}: not profiled ({type(e).__name__}: {str(e)[:120]})")
+            if is_sticky_cuda_error(e):
+                raise StickyDeviceError(one_line(e)) from None
+            warn(f"{case.label()}: not profiled ({one_line(e, 120)})")
+            return None
+        if not found.entries:
+            warn(
+                f"{case.label()}: not profiled (the profiler recorded no activity: {found.source})"
+            )
             return None
         case_cells = {c: row.get(c) for c in ("suite", *KEY, "device", "device_name")}
         for rank, entry in enumerate(found.entries, start=1):

@@ -87,10 +87,10 @@ from attnbench.runtime.schema import key_difference
 from attnbench.runtime.warning_log import WarningLog
 
 
-def prepare_out_dir(out: FilePath, overwrite: bool) -> None:
+def prepare_out_dir(out: FilePath, overwrite: bool, profiles: bool = False) -> None:
     """Create ``out`` and make sure it can be written; never clobber results unless told
     (:func:`~attnbench.runtime.outputs.refuse_to_replace`, the rule of every command)."""
-    names = (CSV_NAME, SAMPLES_NAME, COMPLEXITY_NAME, KERNELS_NAME, TRACES_DIR)
+    names = (CSV_NAME, SAMPLES_NAME, COMPLEXITY_NAME) + (KERNELS_NAME, TRACES_DIR) * profiles
     refuse_to_replace([out / name for name in names], option="--out", folder=out,
                       overwrite=overwrite)  # fmt: skip
     ensure_dir(out, "--out folder")
@@ -126,7 +126,7 @@ def run_speed(
     previous = _previous_rows(csv_path) if resume else []
     if previous:
         refuse_other_settings(out_dir, suite, previous)
-    prepare_out_dir(out_dir, overwrite or resume)
+    prepare_out_dir(out_dir, overwrite or resume, profiles=bool(suite.profile_calls))
     new_files = _new_files(out_dir, suite, previous)
     retained = retain_freed_memory() if suite.timing.retain_memory else False
     threads_before = torch.get_num_threads()
@@ -192,7 +192,7 @@ def _new_files(
     before its first row). A run that starts over (no ``previous`` rows) first removes the
     profiles of the run it replaces: they go with its rows."""
     if not previous:
-        clear_profiles(out_dir)
+        clear_profiles(out_dir, out_dir / SIDECAR_NAME)
     names = [CSV_NAME, SIDECAR_NAME, SAMPLES_NAME] + [KERNELS_NAME] * bool(suite.profile_calls)
     return [out_dir / name for name in names if not (out_dir / name).exists()]
 

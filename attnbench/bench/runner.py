@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from attnbench.bench.config import SpeedSuite
-from attnbench.bench.failures import StickyDeviceError, one_line
+from attnbench.bench.failures import StickyDeviceError, is_sticky_cuda_error, one_line
 from attnbench.bench.inference import (
     add_bandwidth,
     padded_work,
@@ -22,7 +22,7 @@ from attnbench.bench.inference import (
 )
 from attnbench.bench.member import Member, free_memory, set_up
 from attnbench.bench.plan import Case, Group, unsupported_reason
-from attnbench.bench.profiles import KernelsWriter
+from attnbench.bench.profiles import KernelsWriter, calls_within
 from attnbench.bench.record import Recorder
 from attnbench.bench.warmup_notes import note_first_call, slow_first_call
 from attnbench.core.errors import AttnbenchError
@@ -65,7 +65,8 @@ class SweepRunner:
         self.progress = progress
         self.ref = ref
         self.clock = clock
-        self.kernels = kernels  # [profile]: each admitted case profiled before the rounds
+        self.kernels = kernels  # [profile]: the ok cases profiled once every group is timed
+        self.ok_cases: list[Case] = []  # this run's ok rows' cases, in plan order
         self.device = suite.torch_device()
         self.anchors: dict[torch.dtype, tuple[MatmulAnchor, int]] = {}  # dtype -> (matmul, block)
         self.mm_rates: dict[str, list[float]] = {}  # dtype -> the matmul rate of every group
@@ -83,6 +84,8 @@ class SweepRunner:
         try:
             for group in self.groups:
                 self.run_group(group)
+            if self.kernels is not None:
+                self.profile_cases()
         except KeyboardInterrupt:
             return True
         except StickyDeviceError as e:
@@ -103,8 +106,6 @@ class SweepRunner:
             member = self._admit(case, inputs_cache, need_fwd_memory)
             if member is not None:
                 members.append(member)
-        if members and self.kernels is not None:
-            self._profile(members)
         if members:
             anchor, block = self._anchor(group.dtype)
             copy = self._copy_member() if group.query_len is not None else None
@@ -132,13 +133,7 @@ class SweepRunner:
             return None
         try:
             with slow_first_call(case, self.progress.note):  # says so while it compiles
-                if case.decoding or case.packing:  # an inference shape (bench/inference.py)
-                    setup = set_up_decode if case.decoding else set_up_packed
-                    member = setup(case, cache, self.clock, self.suite.timing)
-                else:
-                    member = set_up(
-                        case, cache, self.clock, self.suite.timing, need_fwd_memory=need_fwd_memory
-                    )
+                member = self._set_up(case, cache, need_fwd_memory)
             note_first_call(case, member, self.progress.note)
             return member
         except AttnbenchError as e:  # the mechanism rejects this shape or these params
@@ -150,15 +145,45 @@ class SweepRunner:
         free_memory(self.device)
         return None
 
-    def _profile(self, members: list[Member]) -> None:
-        """``[profile] calls`` more calls of each member under torch.profiler, untimed, into
-        kernels.csv (:mod:`attnbench.bench.profiles`); a failed profile is a warning only."""
-        for m in members:
-            if not self.book.writes(m.case):
+    def _set_up(
+        self, case: Case, cache: dict[tuple, dict[str, torch.Tensor]], need_fwd_memory: bool
+    ) -> Member:
+        if case.decoding or case.packing:  # an inference shape (bench/inference.py)
+            setup = set_up_decode if case.decoding else set_up_packed
+            return setup(case, cache, self.clock, self.suite.timing)
+        return set_up(case, cache, self.clock, self.suite.timing, need_fwd_memory=need_fwd_memory)
+
+    # -- the profiles, once every group is timed -----------------------------------------------
+    def profile_cases(self) -> None:
+        """``[profile] calls`` > 0: every case this run wrote an ok row for, set up again group
+        by group and profiled into kernels.csv (:mod:`attnbench.bench.profiles`). After the
+        last timed round, never before one: on a GPU, CUPTI may stay attached to the process
+        after a profile and slow every later launch (pytorch/pytorch#144455), so no timed
+        sample runs after a profile."""
+        ok = {id(c) for c in self.ok_cases}
+        for group in self.groups:
+            cases = [c for c in group.cases if id(c) in ok]
+            if not cases:
                 continue
-            self.progress.note(f"profiling {m.case.label()}")
-            self.kernels.profile(m.case, self.book.row(m.case, "ok"), m.call,
-                                 self.progress.warning)  # fmt: skip
+            self.progress.stage(f"profiling {group.label()}")
+            cache: dict[tuple, dict[str, torch.Tensor]] = {}
+            for case in cases:
+                self._profile_case(case, cache)
+            cache.clear()
+            free_memory(self.device)
+
+    def _profile_case(self, case: Case, cache: dict[tuple, dict[str, torch.Tensor]]) -> None:
+        try:
+            member = self._set_up(case, cache, need_fwd_memory=False)
+        except Exception as e:  # timed a moment ago: a profile's failure is a warning only
+            if is_sticky_cuda_error(e):
+                raise StickyDeviceError(one_line(e)) from None
+            self.progress.warning(f"{case.label()}: not profiled ({one_line(e, 120)})")
+            free_memory(self.device)
+            return
+        self.progress.note(f"profiling {case.label()}")
+        self.kernels.profile(case, self.book.row(case, "ok"), member.call, self.progress.warning,
+                             calls_within(self.kernels.calls, member.warm.per_call_s))  # fmt: skip
 
     def _anchor(self, dtype: torch.dtype) -> tuple[MatmulAnchor, int]:
         """The group's matmul (sized by wall time, built and warmed once per dtype:
@@ -252,6 +277,7 @@ class SweepRunner:
             self.book.emit(case, row)
             if self.book.writes(case):
                 self.book.write_samples(row, m.samples, ref_ratios, anchor_samples)
+                self.ok_cases.append(case)
             self._limit_longer_lengths(case, t)
 
     def _limit_longer_lengths(self, case: Case, t: Stats) -> None:

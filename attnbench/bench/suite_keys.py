@@ -264,6 +264,15 @@ class Profile(Checked):
         "chrome://tracing); with `calls` > 0",
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.trace and not self.calls:
+            raise Invalid(
+                "trace",
+                "trace = true with calls = 0 profiles nothing; accepted: trace = true with "
+                "calls >= 1 (e.g. --set profile.calls=3)",
+            )
+
 
 @dataclass(frozen=True)
 class SuiteFile(Checked):

@@ -6,10 +6,14 @@ under its C++ name), with its launches and device time per call. On the CPU it h
 (``aten::...``, autograd nodes) by their *self* time, the time inside the operator less the
 operators it called, so that the entries add up to the time spent in operators.
 
-The profiled calls are extra, untimed calls: the profiler's own overhead (a few microseconds a
-launch or an operator) never reaches a timed sample. ``wall_us`` is the wall time per call under
-the profiler, overhead included: compare it with ``busy_us`` to see how much of a call the
-device (or the operators) was idle, e.g. launch-bound on a GPU.
+The profiled calls are extra, untimed calls. Two more calls run first under the profiler and are
+not recorded (its warm-up steps: the first calls after the profiler starts cost many times a
+steady one). Left out on both devices: the profiler's step markers (``ProfilerStep#N``) and, on
+CUDA, user annotations (the spans torch.compile and ``record_function`` put on the GPU's
+timeline, which cover kernels already counted). ``wall_us`` is the wall time per recorded call
+under the profiler, its overhead included (on the CPU, a few microseconds an operator, inside
+the self times too): compare ``busy_us`` with the case's timed median to see how much of a call
+the device was idle (launch-bound on a GPU).
 """
 
 from __future__ import annotations
@@ -85,18 +89,37 @@ def summarise(
     return entries, busy / calls
 
 
+#: The profiler's own step markers (user annotations ``ProfilerStep#<step>``; ``ProfilerStep*``
+#: in the key averages).
+STEP_MARKER = "ProfilerStep"
+#: Calls run under the profiler and not recorded before the recorded ones: the first calls after
+#: it starts cost many times a steady call (a CPU SDPA decode step: 84 us recorded after one
+#: such call, 18 after two, 13 steady).
+WARMUP_STEPS = 2
+
+
 def _cuda_activity(events) -> list[tuple[str, float, int]]:
-    """The GPU-side events of a profile: (name, device time in us, 1) each."""
+    """The GPU's own activity in a profile: (name, device time in us, 1) per kernel, copy or
+    memset; user annotations (device-side spans over kernels counted already) left out."""
     from torch.autograd import DeviceType
 
     return [
-        (e.name, e.time_range.elapsed_us(), 1) for e in events if e.device_type == DeviceType.CUDA
+        (e.name, e.time_range.elapsed_us(), 1)
+        for e in events
+        if e.device_type == DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and not e.name.startswith(STEP_MARKER)
     ]
 
 
 def _cpu_activity(averages) -> list[tuple[str, float, int]]:
-    """Operators by self CPU time (name, us, calls), from the profile's key averages."""
-    return [(a.key, a.self_cpu_time_total, a.count) for a in averages if a.self_cpu_time_total > 0]
+    """Operators by self CPU time (name, us, calls), from the profile's key averages; the
+    profiler's step markers left out."""
+    return [
+        (a.key, a.self_cpu_time_total, a.count)
+        for a in averages
+        if a.self_cpu_time_total > 0 and not a.key.startswith(STEP_MARKER)
+    ]
 
 
 def profile_call(
@@ -105,27 +128,37 @@ def profile_call(
     calls: int,
     trace: Path | None = None,
 ) -> CallProfile:
-    """Run ``call`` ``calls`` times under ``torch.profiler`` (after it has been warmed up: a
-    first call's compilation would be profiled too) and return where the time went; with
-    ``trace``, also write the profile there as a Chrome trace (open it in Perfetto or
-    chrome://tracing)."""
+    """Run ``call`` ``calls`` times under ``torch.profiler``, after ``WARMUP_STEPS`` more calls
+    under it that are not recorded, and return where the time went; with ``trace``, also write
+    the profile there as a Chrome trace (open it in Perfetto or chrome://tracing). ``call``
+    should have been warmed up before (a first call's compilation would be profiled)."""
     import time
 
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     if calls < 1:
         raise ValueError(f"calls={calls}; accepted: >= 1")
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    if cuda:
-        torch.cuda.synchronize(device)
-    with profile(activities=activities) as prof:
-        started = time.perf_counter()
-        for _ in range(calls):
-            call()
+
+    def sync() -> None:
         if cuda:
             torch.cuda.synchronize(device)
-        wall = time.perf_counter() - started
+
+    sync()
+    steps = schedule(wait=0, warmup=WARMUP_STEPS, active=calls, repeat=1)
+    with profile(activities=activities, schedule=steps) as prof:
+        for _ in range(WARMUP_STEPS):  # under the profiler, not recorded
+            call()
+            sync()
+            prof.step()
+        started = time.perf_counter()
+        for i in range(calls):
+            call()
+            if i == calls - 1:  # the wall time ends with the last call, before the profiler's
+                sync()  # last step (which stops it and gathers the events)
+                wall = time.perf_counter() - started
+            prof.step()
     if trace is not None:
         trace.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace))

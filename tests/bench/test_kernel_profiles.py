@@ -13,12 +13,13 @@ import torch
 from typer.testing import CliRunner
 
 from attnbench.bench import profiles
+from attnbench.bench.plan import plan
 from attnbench.bench.profiles import KERNEL_COLUMNS, KERNELS_NAME, TRACES_DIR
 from attnbench.bench.results import KEY, read_results
 from attnbench.bench.run import run_speed
 from attnbench.cli.app import app
 from attnbench.core.errors import AttnbenchError
-from attnbench.measure.kernel_profile import kind_of, profile_call, summarise
+from attnbench.measure.kernel_profile import CallProfile, kind_of, profile_call, summarise
 from attnbench.runtime.warning_log import WarningLog
 from attnbench.variants import softmax
 from tests.helpers.speed import tiny, tiny_suite_file
@@ -76,6 +77,7 @@ def test_a_cpu_profile_counts_each_operator_per_call(tmp_path):
     times = [e.time_us for e in found.entries]
     assert times == sorted(times, reverse=True)
     assert "self time" in found.source
+    assert not any(e.name.startswith("ProfilerStep") for e in found.entries)  # the markers
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"]
 
 
@@ -106,6 +108,36 @@ def test_a_run_profiles_every_ok_case_into_kernels_csv(tmp_path):
     assert (run.kernels, run.profiled) == (tmp_path / KERNELS_NAME, len(ok))
 
 
+def test_profiles_are_taken_after_the_last_timed_round(tmp_path, monkeypatch):
+    """No timed sample runs after a profile (CUPTI may stay attached): every row is on disk
+    before the first case is profiled."""
+    seen = []
+
+    def spy(call, device, calls, trace=None):
+        seen.append(len(read_results(tmp_path / "results.csv")))
+        return real(call, device, calls, trace)
+
+    real = profiles.profile_call
+    monkeypatch.setattr(profiles, "profile_call", spy)
+    run = run_speed(profiled(), tmp_path, mechanisms=MECHS)
+    assert seen and set(seen) == {len(run.rows)} and run.profiled == len(seen)
+
+
+def test_a_slow_case_gets_fewer_profiled_calls():
+    assert profiles.calls_within(5, 0.001) == 5
+    assert profiles.calls_within(5, profiles.PROFILE_BUDGET_S / 2) == 2
+    assert profiles.calls_within(5, profiles.PROFILE_BUDGET_S * 10) == 1
+    assert profiles.calls_within(5, 0.0) == 5
+
+
+def test_trace_names_stay_apart_when_cut():
+    base = {"mechanism": "softmax", "path": "efficient", "varlen": "7+" * 200, "dtype": "float32"}
+    a = profiles.trace_name({**base, "packing": "packed"})
+    b = profiles.trace_name({**base, "packing": "packed-loop"})
+    assert a != b and a.endswith(".json") and len(a) <= 160 + 16
+    assert profiles.trace_name(base) == profiles.trace_name(dict(base))  # stable
+
+
 def test_the_summary_lists_each_profiled_case_with_its_largest_entries(tmp_path):
     run = run_speed(profiled(lengths=(16,)), tmp_path, mechanisms=MECHS)
     cases = profiles.top_entries(run.kernels)
@@ -126,6 +158,19 @@ def test_a_failed_profile_costs_no_measurement(tmp_path, monkeypatch):
     assert (read_results(run.csv)["status"] == "ok").all()
     assert list(pd.read_csv(tmp_path / KERNELS_NAME).columns) == list(KERNEL_COLUMNS)
     assert pd.read_csv(tmp_path / KERNELS_NAME).empty and run.profiled == 0
+
+
+def test_a_profile_with_no_activity_is_a_warning_not_a_profiled_case(tmp_path, monkeypatch):
+    def nothing(call, device, calls, trace=None):
+        return CallProfile(calls, "GPU activity recorded by CUPTI", (), 0.0, 1.0)
+
+    monkeypatch.setattr(profiles, "profile_call", nothing)
+    said = []
+    writer = profiles.KernelsWriter(tmp_path, calls=2, trace=False)
+    case = plan(profiled(lengths=(16,)), MECHS)[0].cases[0]
+    assert writer.profile(case, {}, lambda: None, said.append) is None
+    writer.close()
+    assert writer.cases == 0 and "recorded no activity" in said[0]
 
 
 def test_profiles_follow_the_runs_rows_on_overwrite_and_resume(tmp_path):
@@ -160,6 +205,18 @@ def test_profiles_follow_the_runs_rows_on_overwrite_and_resume(tmp_path):
     assert "kernels" not in json.loads(run.sidecar.read_text())["files"]
 
 
+def test_only_the_replaced_runs_own_profile_files_are_removed(tmp_path):
+    run_speed(profiled(lengths=(16,), profile_trace=True), tmp_path, mechanisms=MECHS)
+    (tmp_path / TRACES_DIR / "my-notes.txt").write_text("mine")
+    run_speed(tiny(causal=(False,), lengths=(16,)), tmp_path, mechanisms=MECHS, overwrite=True)
+    assert [p.name for p in (tmp_path / TRACES_DIR).iterdir()] == ["my-notes.txt"]
+    # a run that never profiled: a folder's own traces/ and kernels.csv are left alone
+    (tmp_path / KERNELS_NAME).write_text("mine\n")
+    run_speed(tiny(causal=(False,), lengths=(16,)), tmp_path, mechanisms=MECHS, overwrite=True)
+    assert (tmp_path / KERNELS_NAME).read_text() == "mine\n"
+    assert (tmp_path / TRACES_DIR / "my-notes.txt").read_text() == "mine"
+
+
 def test_the_command_line_sets_checks_and_reports_profiles(tmp_path):
     suite = tiny_suite_file(tmp_path, grid={"lengths": [16], "causal": [False]})
     runner = CliRunner()
@@ -170,6 +227,8 @@ def test_the_command_line_sets_checks_and_reports_profiles(tmp_path):
     assert "kernel profiles of " in result.output and (out / KERNELS_NAME).is_file()
     bad = runner.invoke(app, [*args, "--overwrite", "--set", "profile.calls=-1"])
     assert bad.exit_code == 2 and "profile.calls" in bad.output and "Traceback" not in bad.output
+    lone = runner.invoke(app, [*args, "--overwrite", "--set", "profile.trace=true"])
+    assert lone.exit_code == 2 and "trace = true with calls = 0 profiles nothing" in lone.output
     shard = runner.invoke(app, [*args, "--shard", "1/2", "--set", "profile.calls=2"])
     assert shard.exit_code == 2 and "kernel profiles are recorded by a run in one process" in (
         shard.output
@@ -214,3 +273,23 @@ def test_a_cuda_profile_lists_the_kernels_of_a_triton_path():
     assert any("dkdv" in n for n in names) and any("dq" in n for n in names), names
     assert sum(e.share for e in found.entries) == pytest.approx(1.0)
     assert found.busy_us > 0 and "CUPTI" in found.source
+
+
+@pytest.mark.gpu
+def test_a_cuda_profile_of_a_compiled_path_counts_kernels_not_annotations():
+    """torch.compile puts user-annotation spans on the GPU's timeline (``## Call
+    CompiledFxGraph ...``, ``Torch-Compiled Region``) over kernels counted already."""
+    from attnbench import api
+
+    device = torch.device("cuda")
+    q, k, v = (torch.randn(1, 2, 256, 64, device=device) for _ in "qkv")
+
+    def call():
+        return api.attention("linear", q, k, v, causal=False, path="compiled")
+
+    for _ in range(3):
+        call()
+    found = profile_call(call, device, calls=3)
+    names = [e.name for e in found.entries]
+    assert names and not any(n.startswith(("##", "Torch-Compiled", "ProfilerStep")) for n in names)
+    assert {e.kind for e in found.entries} <= {"kernel", "memcpy", "memset"}
