@@ -454,7 +454,11 @@ def _tiles(kernel: str, half: bool, width: int, ragged: bool) -> tuple[int, int]
     the stationary one once the streamed one is at 16. (The 16-bit dk/dv tile at a ragged width
     of 384, e.g. D = 96, Dv = 192, still spills 8 to 56 bytes at 64 x 16; a 32-key tile would
     leave the Hopper tensor-core instructions for the older ones, Triton needing 64 rows a
-    warpgroup.)
+    warpgroup.) Triton 3.9 with ptxas 13.4 (sm_90a, D = 128, Dv = 256, causal, bf16) compiles
+    the 64 x 32 dk/dv tile to 255 registers and a 16-byte spill, and lays its two score dots
+    over 8 warps along the 64 rows (``warpsPerCTA = [8, 1]``, both warpgroups computing them);
+    128 x 16 lays every dot over 128 rows at 255 registers and an 8-byte spill: the candidate
+    to time against it on a GPU (64 x 32 at 4 warps spills 436 bytes, 128 x 32 48, 64 x 64 364).
     """
     if half:
         if kernel in ("fwd", "dq"):
