@@ -87,9 +87,13 @@ from attnbench.runtime.schema import key_difference
 from attnbench.runtime.warning_log import WarningLog
 
 
-def prepare_out_dir(out: FilePath, overwrite: bool, profiles: bool = False) -> None:
+def prepare_out_dir(
+    out: FilePath, overwrite: bool, profiles: bool = False, start_over: bool = False
+) -> None:
     """Create ``out`` and make sure it can be written; never clobber results unless told
-    (:func:`~attnbench.runtime.outputs.refuse_to_replace`, the rule of every command)."""
+    (:func:`~attnbench.runtime.outputs.refuse_to_replace`, the rule of every command).
+    ``start_over`` (a run keeping no earlier rows): the profile files of the run it replaces
+    (those its sidecar names) are removed, since they go with its rows."""
     names = (CSV_NAME, SAMPLES_NAME, COMPLEXITY_NAME) + (KERNELS_NAME, TRACES_DIR) * profiles
     refuse_to_replace([out / name for name in names], option="--out", folder=out,
                       overwrite=overwrite)  # fmt: skip
@@ -102,6 +106,8 @@ def prepare_out_dir(out: FilePath, overwrite: bool, profiles: bool = False) -> N
         raise AttnbenchError(
             f"--out {out}: cannot write there ({os_error_words(e)}); choose a writable folder"
         ) from None
+    if start_over:
+        clear_profiles(out, out / SIDECAR_NAME)
 
 
 def run_speed(
@@ -126,8 +132,8 @@ def run_speed(
     previous = _previous_rows(csv_path) if resume else []
     if previous:
         refuse_other_settings(out_dir, suite, previous)
-    prepare_out_dir(out_dir, overwrite or resume, profiles=bool(suite.profile_calls))
-    new_files = _new_files(out_dir, suite, previous)
+    prepare_out_dir(out_dir, overwrite or resume, bool(suite.profile_calls), not previous)
+    new_files = _new_files(out_dir, suite)
     retained = retain_freed_memory() if suite.timing.retain_memory else False
     threads_before = torch.get_num_threads()
     threads = suite.thread_count()
@@ -185,14 +191,9 @@ def run_speed(
     return run
 
 
-def _new_files(
-    out_dir: FilePath, suite: SpeedSuite, previous: list[dict[str, Any]]
-) -> list[FilePath]:
+def _new_files(out_dir: FilePath, suite: SpeedSuite) -> list[FilePath]:
     """The files this run will create that are not there yet (removed again if it fails
-    before its first row). A run that starts over (no ``previous`` rows) first removes the
-    profiles of the run it replaces: they go with its rows."""
-    if not previous:
-        clear_profiles(out_dir, out_dir / SIDECAR_NAME)
+    before its first row)."""
     names = [CSV_NAME, SIDECAR_NAME, SAMPLES_NAME] + [KERNELS_NAME] * bool(suite.profile_calls)
     return [out_dir / name for name in names if not (out_dir / name).exists()]
 

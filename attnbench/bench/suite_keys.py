@@ -253,9 +253,9 @@ class Profile(Checked):
 
     calls: int = setting(
         0,
-        "after its warm-up, run each case this many more times under torch.profiler, untimed, "
-        "and write what ran (CUDA: every kernel, copy and memset; CPU: operators by self time) "
-        "to `kernels.csv`; 0: no profile",
+        "once every case is timed, set each ok case up again and run it this many times under "
+        "torch.profiler, and write what ran (CUDA: every kernel, copy and memset; CPU: "
+        "operators by self time) to `kernels.csv`; 0: no profile",
         valid=within(0, 1000),
     )
     trace: bool = setting(

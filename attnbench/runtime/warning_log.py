@@ -59,8 +59,6 @@ def _console_handlers(prefix: str = "torch") -> list[logging.Handler]:
     and on the root logger (a program that called ``logging.basicConfig``)."""
     loggers = [logging.getLogger()]
     for name, logger in list(logging.root.manager.loggerDict.items()):
-        if name in NEVER_PRINTED:
-            continue
         if isinstance(logger, logging.Logger) and (name == prefix or name.startswith(prefix + ".")):
             loggers.append(logger)
     return [
